@@ -1,0 +1,26 @@
+# `make demo` and `make test` work on a fresh machine with only Python 3.11.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.cadence-installed
+
+.PHONY: demo test lint format bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m torch.distributed.run --nproc_per_node 2 examples/process_control.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(VENV)/bin/ruff format --check src tests examples benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests examples benchmarks
+	$(VENV)/bin/ruff check --fix src tests examples benchmarks

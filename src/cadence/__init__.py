@@ -1,0 +1,54 @@
+"""Cadence: one PyTorch training script on a CPU, a GPU, many processes or many machines.
+
+Public names are imported on first use, so `import cadence` costs almost nothing beyond `import torch`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Accelerator": "cadence.accelerator",
+    "PartialState": "cadence.state",
+    "AcceleratorState": "cadence.state",
+    "GradientState": "cadence.state",
+    "DistributedType": "cadence.enums",
+    "PrecisionType": "cadence.enums",
+    "RNGType": "cadence.enums",
+    "LoggerType": "cadence.enums",
+    "DynamoBackend": "cadence.enums",
+    "DDPCommunicationHookType": "cadence.enums",
+    "DataLoaderConfiguration": "cadence.configs",
+    "ProjectConfiguration": "cadence.configs",
+    "GradientAccumulationPlugin": "cadence.configs",
+    "TorchDynamoPlugin": "cadence.configs",
+    "AutocastKwargs": "cadence.kwargs",
+    "DistributedDataParallelKwargs": "cadence.kwargs",
+    "GradScalerKwargs": "cadence.kwargs",
+    "InitProcessGroupKwargs": "cadence.kwargs",
+    "ProfileKwargs": "cadence.kwargs",
+    "FP8RecipeKwargs": "cadence.kwargs",
+    "skip_first_batches": "cadence.data",
+    "notebook_launcher": "cadence.launchers",
+    "debug_launcher": "cadence.launchers",
+    "find_executable_batch_size": "cadence.utils.memory",
+    "get_logger": "cadence.logging",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cadence' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,222 @@
+"""Turn the Accelerator's constructor arguments (plus the launcher's settings) into one checked record.
+
+Everything here runs before any process group exists, so bad arguments fail before any side effect.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .configs import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from .enums import DynamoBackend, PrecisionType, RNGType
+from .kwargs import KwargsHandler
+
+# Constructor arguments of older releases that still reach us through user scripts.
+_DATALOADER_ALIASES = ("dispatch_batches", "even_batches", "use_seedable_sampler")
+
+_LATER_FEATURES = {
+    "megatron_lm_plugin": "Megatron-LM",
+}
+
+
+@dataclass
+class AcceleratorSettings:
+    device_placement: bool
+    mixed_precision: str | None
+    cpu: bool
+    dataloader_config: DataLoaderConfiguration
+    project_config: ProjectConfiguration
+    accumulation_plugin: GradientAccumulationPlugin
+    rng_types: list[str]
+    handlers: dict[str, KwargsHandler] = field(default_factory=dict)
+    dynamo_plugin: TorchDynamoPlugin | None = None
+    log_with: Any = None
+    fsdp_plugin: Any = None
+    deepspeed_plugins: Any = None
+    torch_tp_plugin: Any = None
+    parallelism_config: Any = None
+
+    @classmethod
+    def resolve(cls, *, launch: dict[str, Any], unknown: dict[str, Any], **args: Any) -> AcceleratorSettings:
+        unknown = dict(unknown)
+        kwargs_handlers = args["kwargs_handlers"]
+        if "kwarg_handler" in unknown:  # the spec's own profile example spells it this way
+            if kwargs_handlers is not None:
+                raise TypeError("Pass kwargs_handlers only once (kwarg_handler is an alias of it).")
+            kwargs_handlers = unknown.pop("kwarg_handler")
+        dataloader_config = _dataloader_config(args, unknown)
+        project_config = _project_config(args["project_dir"], args["project_config"], unknown)
+        if unknown:
+            raise TypeError(
+                f"Accelerator() got unexpected keyword argument(s): {', '.join(sorted(unknown))}. "
+                "See the Accelerator reference for the accepted arguments."
+            )
+        for name, feature in _LATER_FEATURES.items():
+            if args[name] is not None:
+                raise NotImplementedError(
+                    f"{feature} support ({name}=...) is not available in Cadence yet."
+                )
+        if args["mixed_precision"] is not None:
+            value = str(args["mixed_precision"]).lower()
+            if value not in PrecisionType.list():
+                raise ValueError(
+                    f"Unknown mixed_precision {args['mixed_precision']!r}: choose one of "
+                    f"{', '.join(PrecisionType.list())}."
+                )
+        return cls(
+            device_placement=bool(args["device_placement"]),
+            mixed_precision=args["mixed_precision"],
+            cpu=bool(args["cpu"]),
+            dataloader_config=dataloader_config,
+            project_config=project_config,
+            accumulation_plugin=_accumulation_plugin(args, launch),
+            rng_types=_rng_types(args["rng_types"]),
+            handlers=_handlers(kwargs_handlers),
+            dynamo_plugin=_dynamo_plugin(args["dynamo_backend"], args["dynamo_plugin"], launch),
+            log_with=args["log_with"],
+            fsdp_plugin=args["fsdp_plugin"],
+            deepspeed_plugins=args["deepspeed_plugins"] or args["deepspeed_plugin"],
+            torch_tp_plugin=args["torch_tp_plugin"],
+            parallelism_config=args["parallelism_config"],
+        )
+
+
+def _dataloader_config(args: dict[str, Any], unknown: dict[str, Any]) -> DataLoaderConfiguration:
+    given = args["dataloader_config"]
+    if given is not None and not isinstance(given, DataLoaderConfiguration):
+        raise TypeError(
+            f"dataloader_config must be a DataLoaderConfiguration, got {type(given).__name__}."
+        )
+    config = replace(given) if given is not None else DataLoaderConfiguration()
+    overrides = {name: unknown.pop(name) for name in _DATALOADER_ALIASES if name in unknown}
+    if not args["split_batches_unset"]:
+        overrides["split_batches"] = args["split_batches"]
+    if overrides and given is not None:
+        raise ValueError(
+            f"Pass {', '.join(sorted(overrides))} inside dataloader_config, not next to it: "
+            "the two would conflict."
+        )
+    for name, value in overrides.items():
+        warnings.warn(
+            f"Accelerator({name}=...) is deprecated; use "
+            f"Accelerator(dataloader_config=DataLoaderConfiguration({name}=...)).",
+            FutureWarning,
+            stacklevel=4,
+        )
+        setattr(config, name, value)
+    return config
+
+
+def _project_config(
+    project_dir: Any, project_config: ProjectConfiguration | None, unknown: dict[str, Any]
+) -> ProjectConfiguration:
+    logging_dir = unknown.pop("logging_dir", None)
+    if project_config is not None and not isinstance(project_config, ProjectConfiguration):
+        raise TypeError(
+            f"project_config must be a ProjectConfiguration, got {type(project_config).__name__}."
+        )
+    config = project_config if project_config is not None else ProjectConfiguration()
+    if project_dir is not None:
+        if config.project_dir is not None and os.fspath(project_dir) != config.project_dir:
+            raise ValueError(
+                f"project_dir={os.fspath(project_dir)!r} conflicts with project_config.project_dir="
+                f"{config.project_dir!r}; pass only one."
+            )
+        config.set_directories(project_dir)
+    if logging_dir is not None:
+        config.logging_dir = os.fspath(logging_dir)
+    return config
+
+
+def _accumulation_plugin(args: dict[str, Any], launch: dict[str, Any]) -> GradientAccumulationPlugin:
+    plugin = args["gradient_accumulation_plugin"]
+    steps = args["gradient_accumulation_steps"]
+    if plugin is not None:
+        if steps != 1:
+            raise ValueError(
+                "Pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both: "
+                "set num_steps on the plugin."
+            )
+        if not isinstance(plugin, GradientAccumulationPlugin):
+            raise TypeError(
+                f"gradient_accumulation_plugin must be a GradientAccumulationPlugin, got {type(plugin).__name__}."
+            )
+        return plugin
+    if steps == 1:
+        from_launch = launch.get("gradient_accumulation_steps") or os.environ.get(
+            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
+        )
+        if from_launch is not None:
+            steps = int(from_launch)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}.")
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
+def _rng_types(rng_types: Any) -> list[str]:
+    if rng_types is None:
+        return ["generator"]
+    if isinstance(rng_types, (str, RNGType)):
+        rng_types = [rng_types]
+    result = []
+    for item in rng_types:
+        try:
+            result.append(RNGType(str(item)).value)
+        except ValueError:
+            raise ValueError(
+                f"Unknown rng_types entry {item!r}: use {', '.join(RNGType.list())}."
+            ) from None
+    return result
+
+
+def _handlers(kwargs_handlers: Any) -> dict[str, KwargsHandler]:
+    found: dict[str, KwargsHandler] = {}
+    for handler in kwargs_handlers or []:
+        if not isinstance(handler, KwargsHandler):
+            raise TypeError(
+                f"kwargs_handlers takes KwargsHandler objects (DistributedDataParallelKwargs, "
+                f"GradScalerKwargs, ...), got {type(handler).__name__}."
+            )
+        name = type(handler).__name__
+        if name in found:
+            raise ValueError(f"You can only pass one {name} in kwargs_handlers.")
+        found[name] = handler
+    return found
+
+
+def _dynamo_plugin(backend: Any, plugin: Any, launch: dict[str, Any]) -> TorchDynamoPlugin | None:
+    if backend is not None and plugin is not None:
+        raise ValueError("Pass either dynamo_backend or dynamo_plugin, not both.")
+    if plugin is not None:
+        if not isinstance(plugin, TorchDynamoPlugin):
+            raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got {type(plugin).__name__}.")
+        return plugin
+    if backend is None:
+        dynamo = launch.get("dynamo") or {}
+        backend = dynamo.get("backend") or os.environ.get("ACCELERATE_DYNAMO_BACKEND")
+        if backend is None:
+            return None
+        return _checked_dynamo(
+            backend,
+            mode=dynamo.get("mode"),
+            fullgraph=dynamo.get("fullgraph"),
+            dynamic=dynamo.get("dynamic"),
+        )
+    return _checked_dynamo(backend)
+
+
+def _checked_dynamo(backend: Any, **options: Any) -> TorchDynamoPlugin | None:
+    name = str(backend).upper()
+    if name not in DynamoBackend.list():
+        raise ValueError(f"Unknown dynamo_backend {backend!r}: use one of {', '.join(DynamoBackend.list())}.")
+    if name == "NO":
+        return None
+    return TorchDynamoPlugin(backend=name, **options)

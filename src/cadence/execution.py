@@ -1,0 +1,186 @@
+"""Execution control across processes: barriers, who-goes-first, per-rank decorators, splitting, triggers."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from .state import PartialState
+
+# Per-machine process groups for local_main_process_first, created on first use (a collective call).
+_node_groups: dict[str, Any] = {}
+
+
+def forget_groups() -> None:
+    _node_groups.clear()
+
+
+def _barrier_kwargs(state: PartialState) -> dict[str, Any]:
+    if state.backend == "nccl":
+        return {"device_ids": [state.device.index]}
+    return {}
+
+
+def barrier(state: PartialState, timeout: float | timedelta | None = None, group: Any = None) -> None:
+    if not state.use_distributed:
+        return
+    from .diagnostics import ledger
+
+    with ledger.entered("wait_for_everyone", ()):
+        if timeout is not None and state.backend == "gloo":
+            seconds = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+            dist.monitored_barrier(group=group, timeout=seconds, wait_all_ranks=True)
+        else:
+            dist.barrier(group=group, **_barrier_kwargs(state))
+
+
+def _node_group(state: PartialState) -> Any:
+    """The process group of this machine's ranks (None = the whole world, when there is one machine)."""
+    topology = state.topology
+    if topology.num_nodes <= 1 or topology.world_size != state.num_processes:
+        return None
+    if "mine" not in _node_groups:
+        per_node = topology.local_world_size
+        ranks = [list(range(n * per_node, (n + 1) * per_node)) for n in range(topology.num_nodes)]
+        mine, _ = dist.new_subgroups_by_enumeration(ranks)
+        _node_groups["mine"] = mine
+    return _node_groups["mine"]
+
+
+@contextmanager
+def go_first(state: PartialState, local: bool):
+    first = state.is_local_main_process if local else state.is_main_process
+    group = _node_group(state) if local and state.use_distributed else None
+    if not first:
+        barrier(state, group=group)
+    yield
+    if first:
+        barrier(state, group=group)
+
+
+def take_local_index_alias(local_process_index: int | None, kwargs: dict[str, Any]) -> int | None:
+    # The spec's own example spells it `local_process_idx`.
+    if "local_process_idx" in kwargs:
+        alias = kwargs.pop("local_process_idx")
+        if local_process_index is None:
+            local_process_index = alias
+    if kwargs:
+        raise TypeError(f"on_local_process() got unexpected arguments: {', '.join(kwargs)}")
+    return local_process_index
+
+
+def run_only_if(
+    function: Callable[..., Any] | None,
+    predicate: Callable[[], bool],
+    required_index: Any = True,
+) -> Any:
+    """Decorate `function` to run only where `predicate()` holds (always, on a single process)."""
+    if required_index is None:
+        raise ValueError(
+            "This decorator needs the index of the process to run on, e.g. "
+            "`@accelerator.on_process(process_index=0)`."
+        )
+    if function is None:
+        return lambda fn: run_only_if(fn, predicate)
+    if not callable(function):
+        raise TypeError(f"Expected a function to decorate, got {type(function).__name__}.")
+
+    @functools.wraps(function)
+    def only_there(*args: Any, **kwargs: Any) -> Any:
+        from .state import PartialState
+
+        state = PartialState()
+        if not state.use_distributed or predicate():
+            return function(*args, **kwargs)
+        return None
+
+    return only_there
+
+
+def _is_sliceable(value: Any) -> bool:
+    return (
+        hasattr(value, "__len__")
+        and hasattr(value, "__getitem__")
+        and not isinstance(value, (str, bytes, Mapping))
+    )
+
+
+def _split_values(value: Any, start: int, end: int, target_len: int, apply_padding: bool) -> Any:
+    if isinstance(value, Mapping):
+        return type(value)(
+            (k, _split_values(v, start, end, target_len, apply_padding)) for k, v in value.items()
+        )
+    if hasattr(value, "select") and hasattr(value, "column_names"):  # a datasets.Dataset
+        chosen = range(start, end) if start < len(value) else range(len(value) - 1, len(value))
+        return value.select(chosen)
+    if not _is_sliceable(value):
+        return value
+    part = value[-1:] if start >= len(value) else value[start:end]
+    if apply_padding and len(value) > 0 and len(part) < target_len:
+        missing = target_len - len(part)
+        if isinstance(part, torch.Tensor):
+            filler = value[-1:].expand(missing, *value.shape[1:])
+            part = torch.cat([part, filler], dim=0)
+        elif isinstance(part, tuple):
+            part = part + (part[-1],) * missing
+        elif isinstance(part, list):
+            part = part + [part[-1]] * missing
+        else:
+            part = list(part) + [part[-1]] * missing
+    return part
+
+
+def split_for_process(inputs: Any, num_processes: int, process_index: int, apply_padding: bool) -> Any:
+    """Contiguous share of `inputs` for one process; the first `len % n` processes get one extra item."""
+    if num_processes == 1:
+        return inputs
+    if isinstance(inputs, Mapping):
+        lengths = {k: len(v) for k, v in inputs.items() if _is_sliceable(v)}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"split_between_processes: all values of the dict must have the same length, got {lengths}."
+            )
+        length = next(iter(lengths.values()), 0)
+    elif _is_sliceable(inputs):
+        length = len(inputs)
+    else:
+        raise TypeError(
+            f"split_between_processes cannot split a {type(inputs).__name__}: pass a list, tuple, "
+            "tensor, dict of those, or an object with len() and slicing."
+        )
+    per_process, extras = divmod(length, num_processes)
+    start = process_index * per_process + min(process_index, extras)
+    end = start + per_process + (1 if process_index < extras else 0)
+    target_len = per_process + (1 if extras > 0 else 0)
+    return _split_values(inputs, start, end, target_len, apply_padding)
+
+
+def _trigger_tensor(state: PartialState) -> torch.Tensor:
+    flag = state.__dict__.get("_trigger_flag")
+    if flag is None:
+        flag = torch.tensor(0, device=state.device)
+        state.__dict__["_trigger_flag"] = flag
+    return flag
+
+
+def set_trigger(state: PartialState) -> None:
+    state.__dict__["_trigger_flag"] = torch.tensor(1, device=state.device)
+
+
+def check_trigger(state: PartialState) -> bool:
+    """True on every rank if any rank called set_trigger since the last check; then resets."""
+    from .ops import reduce
+
+    flag = _trigger_tensor(state)
+    total = reduce(flag, reduction="sum") if state.use_distributed else flag
+    if int(total.item()) >= 1:
+        state.__dict__["_trigger_flag"] = torch.tensor(0, device=state.device)
+        return True
+    return False

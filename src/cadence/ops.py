@@ -1,0 +1,297 @@
+"""Collectives and device moves over tensors nested in lists, tuples, dicts and namedtuples."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .diagnostics import ledger as _ledger_module
+
+_ledger = _ledger_module.ledger
+
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCTIONS = ("sum", "mean", "none", "max")
+
+
+class DistributedOperationException(RuntimeError):
+    """Ranks called a collective with incompatible inputs (raised on every rank)."""
+
+
+def is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+def honor_type(like: Any, items: Any) -> Any:
+    """Rebuild a list/tuple/namedtuple of the same type as `like` from `items`."""
+    if is_namedtuple(like):
+        return type(like)(*items)
+    return type(like)(items)
+
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = is_tensor,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Apply `func` to every leaf of `data` that passes `test_type`, keeping the nesting."""
+    if isinstance(data, (tuple, list)):
+        return honor_type(
+            data,
+            (
+                recursively_apply(
+                    func, item, *args, test_type=test_type,
+                    error_on_other_type=error_on_other_type, **kwargs,
+                )
+                for item in data
+            ),
+        )  # fmt: skip
+    if isinstance(data, Mapping):
+        return type(data)(
+            {
+                key: recursively_apply(
+                    func, value, *args, test_type=test_type,
+                    error_on_other_type=error_on_other_type, **kwargs,
+                )
+                for key, value in data.items()
+            }
+        )  # fmt: skip
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if error_on_other_type:
+        raise TypeError(
+            f"Unsupported type {type(data).__name__} passed to `{getattr(func, '__name__', func)}`: "
+            "only tensors nested in lists, tuples and dicts can go through this collective. "
+            "Use gather_object / broadcast_object_list for arbitrary Python objects."
+        )
+    return data
+
+
+def _state():
+    from .state import PartialState
+
+    return PartialState()
+
+
+def describe(data: Any) -> Any:
+    """The structure of `data` with each tensor replaced by (shape, dtype): what ranks must agree on."""
+    return recursively_apply(
+        lambda t: (tuple(t.shape), str(t.dtype).replace("torch.", "")),
+        data,
+        test_type=is_tensor,
+    )
+
+
+def _check_same_everywhere(operation: str, data: Any, state: Any, compare: Callable | None = None):
+    """Debug mode: every rank passes the same structure and shapes, else every rank raises."""
+    signature = describe(data)
+    everyone: list[Any] = [None] * state.num_processes
+    dist.all_gather_object(everyone, (operation, signature))
+    ok = all(other == everyone[0] for other in everyone) if compare is None else compare(everyone)
+    if not ok:
+        lines = "\n".join(f"  rank {rank}: {op} {sig}" for rank, (op, sig) in enumerate(everyone))
+        raise DistributedOperationException(
+            f"[rank {state.process_index}] Cannot apply {operation}: the ranks passed incompatible "
+            f"inputs (operation, then shapes and dtypes per rank):\n{lines}\n"
+            "Make every rank pass tensors of the same shape (see pad_across_processes)."
+        )
+
+
+def _debug_check(operation: str, data: Any, state: Any) -> None:
+    if state.debug and state.use_distributed:
+        _check_same_everywhere(operation, data, state)
+
+
+# -- device moves ------------------------------------------------------------------------------
+def send_to_device(
+    tensor: Any, device: Any, non_blocking: bool = False, skip_keys: list[str] | str | None = None
+) -> Any:
+    """Move every tensor (or object with `.to`) in a nested structure to `device`."""
+    if isinstance(skip_keys, str):
+        skip_keys = [skip_keys]
+    if isinstance(tensor, (tuple, list)):
+        return honor_type(
+            tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor)
+        )
+    if isinstance(tensor, Mapping):
+        skip = skip_keys or ()
+        return type(tensor)(
+            {
+                k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
+                for k, v in tensor.items()
+            }
+        )
+    if is_tensor(tensor):
+        return tensor.to(device, non_blocking=non_blocking)
+    if hasattr(tensor, "to") and callable(tensor.to):
+        try:
+            return tensor.to(device, non_blocking=non_blocking)
+        except TypeError:
+            return tensor.to(device)
+    return tensor
+
+
+# -- collectives -------------------------------------------------------------------------------
+def _gather_one(tensor: torch.Tensor, num_processes: int) -> torch.Tensor:
+    if tensor.ndim == 0:
+        tensor = tensor.reshape(1)
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    out = torch.empty(
+        (num_processes * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+    )
+    _all_gather_flat(out, tensor)
+    return out
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenate every rank's tensors on the first dimension, on every rank (0-d become 1-d)."""
+    state = _state()
+    if not state.use_distributed:
+        recursively_apply(lambda t: t, tensor, error_on_other_type=True)
+        return tensor
+    with _ledger.entered("gather", None):
+        _debug_check("gather", tensor, state)
+        return recursively_apply(_gather_one, tensor, state.num_processes, error_on_other_type=True)
+
+
+def gather_object(object: Any) -> Any:
+    """Gather picklable objects from every rank; lists/tuples are concatenated in rank order."""
+    state = _state()
+    if not state.use_distributed:
+        return object
+    with _ledger.entered("gather_object", None):
+        everyone: list[Any] = [None] * state.num_processes
+        dist.all_gather_object(everyone, object)
+    if all(isinstance(o, (list, tuple)) for o in everyone):
+        return [item for part in everyone for item in part]
+    return everyone
+
+
+def _reduce_one(tensor: torch.Tensor, reduction: str, num_processes: int) -> torch.Tensor:
+    result = tensor.clone()
+    op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM
+    dist.all_reduce(result, op)
+    if reduction == "mean":
+        if not (result.is_floating_point() or result.is_complex()):
+            raise TypeError(
+                f"reduce(..., reduction='mean') needs floating-point tensors, got {result.dtype}; "
+                "convert with .float() first."
+            )
+        result /= num_processes
+    return result
+
+
+def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Reduce tensors across ranks; every rank gets the result.
+
+    `scale` is honoured only on XLA, as in the reference; 'none' behaves like the reference too (it
+    sums, without dividing).
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(
+            f"Unknown reduction {reduction!r}: use one of 'sum', 'mean' or 'none'."
+        )
+    state = _state()
+    if not state.use_distributed:
+        return recursively_apply(torch.Tensor.clone, tensor, error_on_other_type=True)
+    with _ledger.entered("reduce", None):
+        _debug_check("reduce", tensor, state)
+        return recursively_apply(
+            _reduce_one, tensor, reduction, state.num_processes, error_on_other_type=True
+        )
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Overwrite every rank's tensors (in place) with those of `from_process`; returns them."""
+    state = _state()
+    if not state.use_distributed:
+        return tensor
+    _check_rank(from_process, state)
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=from_process)
+        return t
+
+    with _ledger.entered("broadcast", None):
+        _debug_check("broadcast", tensor, state)
+        return recursively_apply(one, tensor, error_on_other_type=True)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace the items of `object_list` (in place) with those of `from_process`."""
+    state = _state()
+    if not isinstance(object_list, list):
+        raise TypeError(
+            f"broadcast_object_list needs a list (it fills it in place), got {type(object_list).__name__}."
+        )
+    if not state.use_distributed:
+        return object_list
+    _check_rank(from_process, state)
+    with _ledger.entered("broadcast_object_list", None):
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+def _check_rank(rank: int, state: Any) -> None:
+    if not isinstance(rank, int) or not 0 <= rank < state.num_processes:
+        raise ValueError(
+            f"from_process={rank!r} is not a rank of this job (0 to {state.num_processes - 1})."
+        )
+
+
+def _pad_one(tensor: torch.Tensor, dim: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
+    if getattr(tensor, "is_nested", False) or not -tensor.ndim <= dim < tensor.ndim:
+        return tensor
+    dim = dim % tensor.ndim
+    sizes = gather(torch.tensor(tensor.shape, device=tensor.device)[None]).cpu()
+    max_size = int(sizes[:, dim].max())
+    if max_size == tensor.shape[dim]:
+        return tensor
+    new_shape = list(tensor.shape)
+    new_shape[dim] = max_size
+    padded = tensor.new_zeros(new_shape) + pad_index
+    start = max_size - tensor.shape[dim] if pad_first else 0
+    padded.narrow(dim, start, tensor.shape[dim]).copy_(tensor)
+    return padded
+
+
+def pad_across_processes(
+    tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
+) -> Any:
+    """Pad each tensor along `dim` to the largest size any rank has, so they can be gathered."""
+    state = _state()
+    if not state.use_distributed:
+        recursively_apply(lambda t: t, tensor, error_on_other_type=True)
+        return tensor
+    with _ledger.entered("pad_across_processes", None):
+        if state.debug:
+            _check_same_everywhere(
+                "pad_across_processes", recursively_apply(lambda t: t.ndim, tensor), state
+            )
+        return recursively_apply(
+            _pad_one, tensor, dim, pad_index, pad_first, error_on_other_type=True
+        )
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of equally nested structures of tensors along `dim`."""
+    if not isinstance(data, (list, tuple)) or not data:
+        raise TypeError("concatenate needs a non-empty list of tensors or of nested structures.")
+    first = data[0]
+    if isinstance(first, (tuple, list)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return type(first)({k: concatenate([d[k] for d in data], dim) for k in first})
+    if not is_tensor(first):
+        raise TypeError(f"Can only concatenate tensors, got {type(first).__name__}.")
+    return torch.cat(list(data), dim=dim)

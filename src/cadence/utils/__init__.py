@@ -1,0 +1,66 @@
+"""The public `cadence.utils` namespace (names resolved on first use)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    # collectives and device moves
+    "gather": "cadence.ops",
+    "gather_object": "cadence.ops",
+    "reduce": "cadence.ops",
+    "broadcast": "cadence.ops",
+    "broadcast_object_list": "cadence.ops",
+    "pad_across_processes": "cadence.ops",
+    "send_to_device": "cadence.ops",
+    "concatenate": "cadence.ops",
+    "recursively_apply": "cadence.ops",
+    "honor_type": "cadence.ops",
+    "DistributedOperationException": "cadence.ops",
+    # randomness
+    "set_seed": "cadence.utils.random",
+    "synchronize_rng_state": "cadence.utils.random",
+    "synchronize_rng_states": "cadence.utils.random",
+    # enums and configuration
+    "DistributedType": "cadence.enums",
+    "PrecisionType": "cadence.enums",
+    "RNGType": "cadence.enums",
+    "LoggerType": "cadence.enums",
+    "DynamoBackend": "cadence.enums",
+    "DDPCommunicationHookType": "cadence.enums",
+    "ComputeEnvironment": "cadence.enums",
+    "DataLoaderConfiguration": "cadence.configs",
+    "ProjectConfiguration": "cadence.configs",
+    "GradientAccumulationPlugin": "cadence.configs",
+    "TorchDynamoPlugin": "cadence.configs",
+    "KwargsHandler": "cadence.kwargs",
+    "AutocastKwargs": "cadence.kwargs",
+    "DistributedDataParallelKwargs": "cadence.kwargs",
+    "GradScalerKwargs": "cadence.kwargs",
+    "InitProcessGroupKwargs": "cadence.kwargs",
+    "ProfileKwargs": "cadence.kwargs",
+    "FP8RecipeKwargs": "cadence.kwargs",
+    # progress, memory
+    "tqdm": "cadence.utils.tqdm",
+    "find_executable_batch_size": "cadence.utils.memory",
+    "release_memory": "cadence.utils.memory",
+    "clear_device_cache": "cadence.utils.memory",
+    # data
+    "skip_first_batches": "cadence.data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cadence.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,61 @@
+"""Seeding and RNG synchronisation across processes."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from ..enums import RNGType
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch (and CUDA); `device_specific` adds the process index to the seed."""
+    if device_specific:
+        from ..state import PartialState
+
+        seed += PartialState().process_index
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
+    """Give every rank the main process's state of one random number generator."""
+    from ..state import PartialState
+
+    state = PartialState()
+    if not state.use_distributed:
+        return
+    rng_type = RNGType(rng_type)
+    if rng_type == RNGType.TORCH:
+        rng_state = torch.get_rng_state()
+    elif rng_type == RNGType.CUDA:
+        rng_state = torch.cuda.get_rng_state()
+    elif rng_type == RNGType.GENERATOR:
+        if generator is None:
+            raise ValueError("synchronize_rng_state(RNGType.GENERATOR) needs the generator to synchronise.")
+        rng_state = generator.get_state()
+    else:
+        raise ValueError(f"RNG type {rng_type.value!r} is not available on this machine.")
+    from ..ops import broadcast
+
+    rng_state = rng_state.to(state.device)
+    broadcast(rng_state, from_process=0)
+    rng_state = rng_state.cpu()
+    if rng_type == RNGType.TORCH:
+        torch.set_rng_state(rng_state)
+    elif rng_type == RNGType.CUDA:
+        torch.cuda.set_rng_state(rng_state)
+    else:
+        generator.set_state(rng_state)
+
+
+def synchronize_rng_states(rng_types: list[RNGType | str], generator: torch.Generator | None = None) -> None:
+    for rng_type in rng_types:
+        synchronize_rng_state(RNGType(rng_type), generator=generator)

@@ -1,0 +1,18 @@
+import pytest
+
+from harness import WorkerPool
+
+
+@pytest.fixture(scope="session")
+def dist_pool():
+    """`dist_pool(n)` gives a pool of n gloo worker processes, shared by every test of the session."""
+    pools: dict[int, WorkerPool] = {}
+
+    def get(world_size: int) -> WorkerPool:
+        if world_size not in pools:
+            pools[world_size] = WorkerPool(world_size)
+        return pools[world_size]
+
+    yield get
+    for pool in pools.values():
+        pool.close()
