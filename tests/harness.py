@@ -143,7 +143,9 @@ class WorkerPool:
                         # The others may now wait forever in a collective: give them a moment only.
                         deadline = min(deadline, time.monotonic() + 15)
         if any(reply[0] == "error" for reply in replies):
-            raise WorkerError(f"{function.__name__} failed:{_format_errors(dict(enumerate(replies)))}")
+            raise WorkerError(
+                f"{function.__name__} failed:{_format_errors(dict(enumerate(replies)))}"
+            )
         return [reply[1] for reply in replies]
 
     def close(self, force: bool = False) -> None:

@@ -14,7 +14,7 @@ from . import ops
 from .configs import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 from .enums import DistributedType
 from .launch_config import read_launch_config
-from .state import AcceleratorState, GradientState, PartialState
+from .state import AcceleratorState, GradientState
 
 _SPLIT_BATCHES_UNSET = object()
 
@@ -97,7 +97,9 @@ class Accelerator:
             _from_accelerator=True,
             **init_kwargs,
         )
-        self.gradient_state = GradientState(gradient_accumulation_plugin=settings.accumulation_plugin)
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=settings.accumulation_plugin
+        )
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
         self._models: list[Any] = []
@@ -250,7 +252,9 @@ class Accelerator:
     def on_process(self, function=None, process_index: int | None = None):
         return self.state.partial_state.on_process(function, process_index=process_index)
 
-    def on_local_process(self, function=None, local_process_index: int | None = None, **kwargs: Any):
+    def on_local_process(
+        self, function=None, local_process_index: int | None = None, **kwargs: Any
+    ):
         return self.state.partial_state.on_local_process(
             function, local_process_index=local_process_index, **kwargs
         )

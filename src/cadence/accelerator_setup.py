@@ -45,7 +45,9 @@ class AcceleratorSettings:
     parallelism_config: Any = None
 
     @classmethod
-    def resolve(cls, *, launch: dict[str, Any], unknown: dict[str, Any], **args: Any) -> AcceleratorSettings:
+    def resolve(
+        cls, *, launch: dict[str, Any], unknown: dict[str, Any], **args: Any
+    ) -> AcceleratorSettings:
         unknown = dict(unknown)
         kwargs_handlers = args["kwargs_handlers"]
         if "kwarg_handler" in unknown:  # the spec's own profile example spells it this way
@@ -136,7 +138,9 @@ def _project_config(
     return config
 
 
-def _accumulation_plugin(args: dict[str, Any], launch: dict[str, Any]) -> GradientAccumulationPlugin:
+def _accumulation_plugin(
+    args: dict[str, Any], launch: dict[str, Any]
+) -> GradientAccumulationPlugin:
     plugin = args["gradient_accumulation_plugin"]
     steps = args["gradient_accumulation_steps"]
     if plugin is not None:
@@ -197,7 +201,9 @@ def _dynamo_plugin(backend: Any, plugin: Any, launch: dict[str, Any]) -> TorchDy
         raise ValueError("Pass either dynamo_backend or dynamo_plugin, not both.")
     if plugin is not None:
         if not isinstance(plugin, TorchDynamoPlugin):
-            raise TypeError(f"dynamo_plugin must be a TorchDynamoPlugin, got {type(plugin).__name__}.")
+            raise TypeError(
+                f"dynamo_plugin must be a TorchDynamoPlugin, got {type(plugin).__name__}."
+            )
         return plugin
     if backend is None:
         dynamo = launch.get("dynamo") or {}
@@ -216,7 +222,9 @@ def _dynamo_plugin(backend: Any, plugin: Any, launch: dict[str, Any]) -> TorchDy
 def _checked_dynamo(backend: Any, **options: Any) -> TorchDynamoPlugin | None:
     name = str(backend).upper()
     if name not in DynamoBackend.list():
-        raise ValueError(f"Unknown dynamo_backend {backend!r}: use one of {', '.join(DynamoBackend.list())}.")
+        raise ValueError(
+            f"Unknown dynamo_backend {backend!r}: use one of {', '.join(DynamoBackend.list())}."
+        )
     if name == "NO":
         return None
     return TorchDynamoPlugin(backend=name, **options)

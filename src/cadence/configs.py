@@ -40,7 +40,9 @@ class ProjectConfiguration:
         if self.project_dir is not None:
             self.project_dir = os.fspath(self.project_dir)
         self.set_directories(self.project_dir)
-        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+        if self.total_limit is not None and (
+            not isinstance(self.total_limit, int) or self.total_limit < 1
+        ):
             raise ValueError(f"total_limit must be a positive integer, got {self.total_limit!r}.")
 
 
@@ -52,7 +54,9 @@ class GradientAccumulationPlugin(KwargsHandler):
     sync_each_batch: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_steps is not None and (not isinstance(self.num_steps, int) or self.num_steps < 1):
+        if self.num_steps is not None and (
+            not isinstance(self.num_steps, int) or self.num_steps < 1
+        ):
             raise ValueError(
                 f"GradientAccumulationPlugin.num_steps must be a positive integer, got {self.num_steps!r}."
             )

@@ -28,14 +28,18 @@ def _barrier_kwargs(state: PartialState) -> dict[str, Any]:
     return {}
 
 
-def barrier(state: PartialState, timeout: float | timedelta | None = None, group: Any = None) -> None:
+def barrier(
+    state: PartialState, timeout: float | timedelta | None = None, group: Any = None
+) -> None:
     if not state.use_distributed:
         return
-    from .diagnostics import ledger
+    from .diagnostics.ledger import ledger
 
     with ledger.entered("wait_for_everyone", ()):
         if timeout is not None and state.backend == "gloo":
-            seconds = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+            seconds = (
+                timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+            )
             dist.monitored_barrier(group=group, timeout=seconds, wait_all_ranks=True)
         else:
             dist.barrier(group=group, **_barrier_kwargs(state))
@@ -137,7 +141,9 @@ def _split_values(value: Any, start: int, end: int, target_len: int, apply_paddi
     return part
 
 
-def split_for_process(inputs: Any, num_processes: int, process_index: int, apply_padding: bool) -> Any:
+def split_for_process(
+    inputs: Any, num_processes: int, process_index: int, apply_padding: bool
+) -> Any:
     """Contiguous share of `inputs` for one process; the first `len % n` processes get one extra item."""
     if num_processes == 1:
         return inputs

@@ -67,7 +67,9 @@ class InitProcessGroupKwargs(KwargsHandler):
         if self.timeout is not None and not isinstance(self.timeout, timedelta):
             seconds = float(self.timeout)
             if seconds <= 0:
-                raise ValueError(f"InitProcessGroupKwargs.timeout must be positive, got {self.timeout!r}.")
+                raise ValueError(
+                    f"InitProcessGroupKwargs.timeout must be positive, got {self.timeout!r}."
+                )
             self.timeout = timedelta(seconds=seconds)
 
 

@@ -33,7 +33,9 @@ def read_launch_config(env: dict[str, str] | None = None) -> dict[str, Any]:
             "unset it if you set it by hand."
         ) from None
     if not isinstance(value, dict):
-        raise LaunchConfigError(f"{LAUNCH_CONFIG_ENV} must hold a JSON object, got {type(value).__name__}.")
+        raise LaunchConfigError(
+            f"{LAUNCH_CONFIG_ENV} must hold a JSON object, got {type(value).__name__}."
+        )
     return value
 
 

@@ -83,9 +83,9 @@ def _state():
 
 
 def describe(data: Any) -> Any:
-    """The structure of `data` with each tensor replaced by (shape, dtype): what ranks must agree on."""
+    """The structure of `data` with each tensor replaced by "dtype[shape]": what ranks must agree on."""
     return recursively_apply(
-        lambda t: (tuple(t.shape), str(t.dtype).replace("torch.", "")),
+        lambda t: f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}",
         data,
         test_type=is_tensor,
     )
@@ -147,7 +147,9 @@ def _gather_one(tensor: torch.Tensor, num_processes: int) -> torch.Tensor:
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     out = torch.empty(
-        (num_processes * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+        (num_processes * tensor.shape[0], *tensor.shape[1:]),
+        dtype=tensor.dtype,
+        device=tensor.device,
     )
     _all_gather_flat(out, tensor)
     return out
@@ -198,9 +200,7 @@ def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     sums, without dividing).
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(
-            f"Unknown reduction {reduction!r}: use one of 'sum', 'mean' or 'none'."
-        )
+        raise ValueError(f"Unknown reduction {reduction!r}: use one of 'sum', 'mean' or 'none'.")
     state = _state()
     if not state.use_distributed:
         return recursively_apply(torch.Tensor.clone, tensor, error_on_other_type=True)
@@ -289,7 +289,9 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
         raise TypeError("concatenate needs a non-empty list of tensors or of nested structures.")
     first = data[0]
     if isinstance(first, (tuple, list)):
-        return honor_type(first, (concatenate([d[i] for d in data], dim) for i in range(len(first))))
+        return honor_type(
+            first, (concatenate([d[i] for d in data], dim) for i in range(len(first)))
+        )
     if isinstance(first, Mapping):
         return type(first)({k: concatenate([d[k] for d in data], dim) for k in first})
     if not is_tensor(first):

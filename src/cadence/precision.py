@@ -94,7 +94,10 @@ class PrecisionPolicy:
 def remove_forward_wrapper(model: torch.nn.Module) -> None:
     original = model.__dict__.pop("_cadence_original_forward", None)
     if original is not None:
-        if getattr(original, "__self__", None) is model and original.__func__ is type(model).forward:
+        if (
+            getattr(original, "__self__", None) is model
+            and original.__func__ is type(model).forward
+        ):
             model.__dict__.pop("forward", None)
         else:
             model.forward = original

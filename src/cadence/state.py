@@ -363,7 +363,9 @@ def resolve_mixed_precision(requested: Any, launch: dict[str, Any]) -> str:
     """Explicit argument > launch config > ACCELERATE_MIXED_PRECISION > "no"; validated."""
     value = requested
     if value is None:
-        value = launch.get("mixed_precision") or os.environ.get("ACCELERATE_MIXED_PRECISION") or "no"
+        value = (
+            launch.get("mixed_precision") or os.environ.get("ACCELERATE_MIXED_PRECISION") or "no"
+        )
     value = str(value).lower()
     if value not in PrecisionType.list():
         raise ValueError(

@@ -41,7 +41,9 @@ class Ledger:
 
     @contextmanager
     def entered(self, operation: str, shapes: Any):
-        if self.current is not None:  # nested (a collective built from collectives): record the outer one
+        if (
+            self.current is not None
+        ):  # nested (a collective built from collectives): record the outer one
             yield
             return
         self.sequence += 1

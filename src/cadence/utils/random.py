@@ -25,7 +25,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
-def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
+def synchronize_rng_state(
+    rng_type: RNGType | str | None = None, generator: torch.Generator | None = None
+) -> None:
     """Give every rank the main process's state of one random number generator."""
     from ..state import PartialState
 
@@ -39,7 +41,9 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
         rng_state = torch.cuda.get_rng_state()
     elif rng_type == RNGType.GENERATOR:
         if generator is None:
-            raise ValueError("synchronize_rng_state(RNGType.GENERATOR) needs the generator to synchronise.")
+            raise ValueError(
+                "synchronize_rng_state(RNGType.GENERATOR) needs the generator to synchronise."
+            )
         rng_state = generator.get_state()
     else:
         raise ValueError(f"RNG type {rng_type.value!r} is not available on this machine.")
@@ -56,6 +60,8 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
         generator.set_state(rng_state)
 
 
-def synchronize_rng_states(rng_types: list[RNGType | str], generator: torch.Generator | None = None) -> None:
+def synchronize_rng_states(
+    rng_types: list[RNGType | str], generator: torch.Generator | None = None
+) -> None:
     for rng_type in rng_types:
         synchronize_rng_state(RNGType(rng_type), generator=generator)
