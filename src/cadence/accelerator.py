@@ -282,3 +282,290 @@ class Accelerator:
         self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
     ) -> Any:
         return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    # -- preparing objects ------------------------------------------------------------------------
+    @property
+    def _strategy(self):
+        strategy = self.__dict__.get("_strategy_instance")
+        if strategy is None:
+            from .strategies import select_strategy
+
+            strategy = self.__dict__["_strategy_instance"] = select_strategy(self)
+        return strategy
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and dataloaders (any order); return them in that order."""
+        from .preparation import prepare_all
+
+        result = prepare_all(self, args, device_placement)
+        return result[0] if len(result) == 1 else result
+
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Move the model to the device, apply mixed precision, wrap it for distributed training."""
+        from .preparation import already_prepared_model
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"prepare_model() needs a torch.nn.Module, got {type(model).__name__}.")
+        existing = already_prepared_model(self, model)
+        if existing is not None:
+            return existing
+        if device_placement is None:
+            device_placement = self.device_placement
+        if device_placement:
+            self.verify_device_map(model)
+            model = model.to(self.device)
+        self.precision.wrap_forward(model)
+        model = self._strategy.wrap_model(model, evaluation_mode)
+        if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
+            model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ):
+        from .preparation import wrap_optimizer
+
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"prepare_optimizer() needs a torch.optim.Optimizer, got {type(optimizer).__name__}."
+            )
+        return wrap_optimizer(
+            self, optimizer, self.device_placement if device_placement is None else device_placement
+        )
+
+    def prepare_scheduler(self, scheduler: Any):
+        from .preparation import wrap_scheduler
+
+        return wrap_scheduler(self, scheduler)
+
+    def prepare_data_loader(
+        self,
+        data_loader: Any,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
+    ):
+        from .data import prepare_data_loader
+
+        if device_placement is None:
+            device_placement = self.device_placement
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0):
+        """A dataloader that starts after its first `num_batches` batches."""
+        from .data import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    def unwrap_model(
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = True,
+    ) -> torch.nn.Module:
+        """The user's module inside whatever prepare() wrapped it in."""
+        from .precision import remove_forward_wrapper
+
+        compiled = model if hasattr(model, "_orig_mod") else None
+        inner = model._orig_mod if compiled is not None else model
+        inner = self._strategy.unwrap(inner)
+        if not keep_fp32_wrapper:
+            remove_forward_wrapper(inner)
+        if compiled is not None and keep_torch_compile:
+            return compiled
+        return inner
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True if the model was dispatched over several devices with a device map (cannot be trained here)."""
+        for module in model.modules():
+            device_map = getattr(module, "hf_device_map", None)
+            if isinstance(device_map, dict) and len(set(device_map.values())) > 1:
+                if self.use_distributed:
+                    raise ValueError(
+                        "This model is spread over several devices with a device_map; it cannot be "
+                        "trained with distributed data parallelism. Load it on one device per process."
+                    )
+                return True
+        return False
+
+    # -- the training loop ------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Replace `loss.backward()`: scales for accumulation and fp16, then runs the backend's backward."""
+        steps = self.gradient_state.num_steps
+        if steps > 1:
+            loss = loss / steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        self._strategy.backward(loss, **kwargs)
+        if self.gradient_state.sync_gradients and 0 < self._window_micro_steps < steps:
+            self._reweight_partial_window(steps / self._window_micro_steps)
+
+    def _reweight_partial_window(self, factor: float) -> None:
+        # The last window of a dataloader holds fewer than N micro-batches, each divided by N: rescale
+        # so the update is the mean gradient of the micro-batches actually accumulated.
+        with torch.no_grad():
+            for model in self._models:
+                for parameter in model.parameters():
+                    if parameter.grad is not None:
+                        parameter.grad.mul_(factor)
+
+    @property
+    def _window_micro_steps(self) -> int:
+        return self.__dict__.get("_micro_steps_in_window", 0)
+
+    def _do_sync(self) -> None:
+        state = self.gradient_state
+        steps = state.num_steps
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            self._micro_steps_in_window = self.step % steps + 1
+            self.step = 0
+            state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            sync = self.step % steps == 0
+            self._micro_steps_in_window = steps if sync else 0
+            state._set_sync_gradients(sync)
+
+    @contextmanager
+    def accumulate(self, *models: torch.nn.Module):
+        """Accumulate gradients over `gradient_accumulation_steps` micro-batches; sync on the last one."""
+        import contextlib
+
+        self._do_sync()
+        allow_sync = self.sync_gradients or (
+            self.use_distributed and self.gradient_state.sync_each_batch
+        )
+        with contextlib.ExitStack() as stack:
+            if not allow_sync:
+                for model in models:
+                    stack.enter_context(self._strategy.no_sync(model))
+            yield
+
+    @contextmanager
+    def no_sync(self, model: torch.nn.Module):
+        """Skip the gradient all-reduce of `model` inside the block (no effect on one process)."""
+        with self._strategy.no_sync(model):
+            yield
+
+    @contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module):
+        """Make the next backward of `model` synchronise gradients, even after forwards under no_sync."""
+        with self._strategy.trigger_sync_in_backward(model):
+            yield
+
+    @contextmanager
+    def autocast(self, autocast_handler: Any = None):
+        """Run the block under this Accelerator's mixed precision (or the given AutocastKwargs)."""
+        with self.precision.autocast(autocast_handler):
+            yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide fp16 gradients by the loss scale (once per step); a no-op without fp16."""
+        if self.scaler is None:
+            return
+        if optimizer is None:
+            optimizers = self._optimizers
+        else:
+            optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        for opt in optimizers:
+            prepared = opt if hasattr(opt, "unscale_") else self._find_prepared_optimizer(opt)
+            prepared.unscale_()
+
+    def _find_prepared_optimizer(self, optimizer: Any) -> Any:
+        for prepared in self._optimizers:
+            if prepared.optimizer is optimizer:
+                return prepared
+        raise ValueError("unscale_gradients() got an optimizer that was not passed to prepare().")
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor:
+        """Unscale, then clip the gradients' total norm; returns the norm before clipping."""
+        self.unscale_gradients()
+        return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale, then clip every gradient value to [-clip_value, clip_value]."""
+        self.unscale_gradients()
+        self._strategy.clip_grad_value_(parameters, clip_value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather, then drop the samples duplicated to fill the last batch."""
+        from .data.metrics import gather_for_metrics
+
+        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
+    @contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
+        """Let DDP ranks run different numbers of batches (torch's Join) when even_batches is off."""
+        from .join import join_uneven_inputs
+
+        with join_uneven_inputs(self, joinables, even_batches):
+            yield
+
+    @contextmanager
+    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """Context parallelism needs FSDP2 with cp_size > 1; otherwise this does nothing, as specified."""
+        yield
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""
+        import importlib.util
+
+        if importlib.util.find_spec("lomo_optim") is None:
+            raise ImportError("lomo_backward needs the LOMO optimizers: `pip install lomo-optim`.")
+        from lomo_optim import AdaLomo, Lomo
+
+        for optimizer in self._optimizers:
+            inner = optimizer.optimizer
+            if isinstance(inner, (Lomo, AdaLomo)):
+                inner.fused_backward(loss, learning_rate)
+                return
+        raise ValueError("lomo_backward needs a Lomo or AdaLomo optimizer passed to prepare().")
+
+    def free_memory(self, *objects: Any) -> tuple[Any, ...]:
+        """Drop the references to prepared objects, collect garbage, reset `step`; returns `objects` emptied."""
+        import gc
+
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        objects = tuple(None for _ in objects)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return objects
+
+    def clear(self, *objects: Any) -> tuple[Any, ...]:
+        """Alias of free_memory."""
+        return self.free_memory(*objects)

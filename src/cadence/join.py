@@ -1,0 +1,38 @@
+"""join_uneven_inputs: torch's Join for DDP ranks that see different numbers of batches."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+
+@contextlib.contextmanager
+def join_uneven_inputs(accelerator: Any, joinables: list[Any], even_batches: bool | None):
+    if not accelerator.use_distributed:
+        yield
+        return
+    from torch.distributed.algorithms.join import Join
+
+    restore: list[tuple[Any, bool]] = []
+    if even_batches is not None:
+        for loader in accelerator._dataloaders:
+            sampler = getattr(loader, "batch_sampler", None)
+            if sampler is None or not hasattr(sampler, "even_batches"):
+                warnings.warn(
+                    "Overriding even_batches only affects map-style dataloaders; an iterable one keeps "
+                    "its setting.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                continue
+            restore.append((sampler, sampler.even_batches))
+            sampler.even_batches = even_batches
+    else:
+        even_batches = accelerator.even_batches
+    try:
+        with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
+            yield
+    finally:
+        for sampler, value in restore:
+            sampler.even_batches = value

@@ -1,0 +1,144 @@
+"""AcceleratedOptimizer: steps only on gradient-sync steps and knows when the grad scaler skipped a step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .ops import send_to_device
+from .state import AcceleratorState, GradientState
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Put the optimizer's state tensors (Adam moments, ...) on `device`; the step counters stay put."""
+    if not optimizer.state:
+        return
+    state_dict = optimizer.state_dict()
+    state_dict["state"] = send_to_device(state_dict["state"], device)
+    optimizer.load_state_dict(state_dict)
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps a torch optimizer; `step` and `zero_grad` act only when gradients are synchronised."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None
+    ) -> None:
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.accelerator_state = AcceleratorState()
+        self.gradient_state = GradientState()
+        self.device_placement = device_placement
+        self._is_overflow = False
+        self._unscaled = False
+        if device_placement:
+            move_optimizer_state(optimizer, self.accelerator_state.device)
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+        if self.device_placement:
+            move_optimizer_state(self.optimizer, self.accelerator_state.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        if self.gradient_state.sync_gradients:
+            if set_to_none is None:
+                self.optimizer.zero_grad()
+            else:
+                self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def train(self) -> None:
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        if hasattr(self.optimizer, "eval") and callable(self.optimizer.eval):
+            self.optimizer.eval()
+
+    def unscale_(self) -> None:
+        """Unscale the gradients once per step (fp16); later calls before the step do nothing."""
+        if self.scaler is not None and not self._unscaled:
+            self.scaler.unscale_(self.optimizer)
+            self._unscaled = True
+
+    def step(self, closure: Any = None) -> Any:
+        if not self.gradient_state.sync_gradients:
+            return None
+        if self.scaler is None:
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        return self._scaled_step(closure)
+
+    def _scaled_step(self, closure: Any) -> Any:
+        stepped = False
+        instance_attrs = self.optimizer.__dict__
+        patched_before = instance_attrs.get("step")  # e.g. an LR scheduler's step counter wrapper
+        original_step = self.optimizer.step
+
+        def recording_step(*args: Any, **kwargs: Any) -> Any:
+            nonlocal stepped
+            stepped = True
+            return original_step(*args, **kwargs)
+
+        self.optimizer.step = recording_step
+        try:
+            if closure is not None:
+                result = self.scaler.step(self.optimizer, closure)
+            else:
+                result = self.scaler.step(self.optimizer)
+            self.scaler.update()
+        finally:
+            if patched_before is not None:
+                instance_attrs["step"] = patched_before
+            else:
+                instance_attrs.pop("step", None)
+            self._unscaled = False
+        self._is_overflow = not stepped
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last `step` was skipped because the fp16 gradients overflowed."""
+        return self._is_overflow
+
+    @property
+    def is_overflow(self) -> bool:
+        return self._is_overflow
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
