@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from .diagnostics import ledger as _ledger_module
+from .state import PartialState
 
 _ledger = _ledger_module.ledger
 
@@ -76,10 +77,34 @@ def recursively_apply(
     return data
 
 
-def _state():
-    from .state import PartialState
+class _FastState:
+    """The few PartialState fields a collective needs, read without constructing PartialState."""
 
-    return PartialState()
+    __slots__ = ()
+
+    @property
+    def _shared(self) -> dict[str, Any]:
+        shared = PartialState._shared_state
+        if not shared:
+            PartialState()
+        return shared
+
+    @property
+    def use_distributed(self) -> bool:
+        return self._shared.get("num_processes", 1) > 1
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._shared[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _state() -> Any:
+    return _FAST_STATE
+
+
+_FAST_STATE = _FastState()
 
 
 def describe(data: Any) -> Any:

@@ -1,0 +1,196 @@
+"""Start a training function in several processes from Python: `notebook_launcher` and `debug_launcher`.
+
+Both fork workers through PyTorch's elastic agent (torch.distributed.launcher), which supervises them;
+Cadence only describes the job.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+from .launch_config import LAUNCH_CONFIG_ENV, encode_launch_config
+
+
+class WorkerProcessesFailed(RuntimeError):
+    """A worker process of notebook_launcher / debug_launcher failed; the message names the root cause."""
+
+
+@contextmanager
+def _environment(**values: str):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _refuse_initialised_cuda(num_processes: int) -> None:
+    import torch
+
+    if num_processes > 1 and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA was already initialised in this notebook, so forked workers cannot use it. Restart "
+            "the kernel and make sure nothing touches CUDA (no `.cuda()`, no Accelerator()) before "
+            "calling notebook_launcher; create the Accelerator inside the training function."
+        )
+
+
+def _launch_with_elastic_agent(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    num_processes: int,
+    settings: dict[str, Any],
+    master_addr: str,
+    port: int | str,
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+) -> None:
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from .failure_summary import format_summary, read_error_files
+
+    log_dir = tempfile.mkdtemp(prefix="cadence-launch-")
+    rdzv_configs = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        rdzv_configs.setdefault("rank", node_rank)
+    config = LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=num_processes,
+        run_id=rdzv_id if rdzv_id != "none" else uuid.uuid4().hex[:8],
+        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}",
+        rdzv_backend=rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method="fork",
+        log_line_prefix_template=log_line_prefix_template,
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+    )
+    with _environment(
+        **{LAUNCH_CONFIG_ENV: encode_launch_config(settings)},
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+    ):
+        try:
+            elastic_launch(config=config, entrypoint=function)(*args)
+        except ChildFailedError as error:
+            # torch names the lowest failed rank; the rank that failed *first* is the one to report.
+            raise WorkerProcessesFailed(format_summary(read_error_files(log_dir))) from error
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+) -> None:
+    """Run `function(*args)` in `num_processes` processes (forked) from a notebook or script.
+
+    Without `num_processes` (or with 1) the function runs in this process. Create the Accelerator
+    inside `function`.
+    """
+    from .state import resolve_mixed_precision
+
+    mixed_precision = resolve_mixed_precision(mixed_precision, {})
+    if num_processes is not None and (not isinstance(num_processes, int) or num_processes < 1):
+        raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}.")
+    if not callable(function):
+        raise TypeError(
+            f"notebook_launcher needs a function to run, got {type(function).__name__}."
+        )
+    if num_processes is None or (num_processes == 1 and num_nodes == 1):
+        with _environment(
+            **{LAUNCH_CONFIG_ENV: encode_launch_config({"mixed_precision": mixed_precision})}
+        ):
+            function(*args)
+        return
+    _refuse_initialised_cuda(num_processes)
+    import torch
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    settings = {
+        "num_processes": num_processes * num_nodes,
+        "num_machines": num_nodes,
+        "mixed_precision": mixed_precision,
+        "backend": backend,
+    }
+    _launch_with_elastic_agent(
+        function,
+        args,
+        num_processes=num_processes,
+        settings=settings,
+        master_addr=master_addr,
+        port=use_port,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_conf=rdzv_conf,
+        rdzv_id=rdzv_id,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template,
+    )
+
+
+def debug_launcher(
+    function: Callable[..., Any], args: tuple[Any, ...] = (), num_processes: int = 2
+) -> None:
+    """Run `function(*args)` on `num_processes` CPU processes (gloo), to debug distributed code locally."""
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}.")
+    settings = {
+        "num_processes": num_processes,
+        "use_cpu": True,
+        "backend": "gloo",
+        "mixed_precision": "no",
+    }
+    _launch_with_elastic_agent(
+        function,
+        args,
+        num_processes=num_processes,
+        settings=settings,
+        master_addr="127.0.0.1",
+        port=_free_port(),
+    )
