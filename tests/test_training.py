@@ -90,7 +90,7 @@ CASES = [
 def test_n_processes_match_one_process(dist_pool, n, config, tol):
     reference = dist_pool(1).run(train, **config)[0]
     results = dist_pool(n).run(train, **config)
-    for state, lr, length in results:
+    for state, lr, _ in results:
         assert_same_weights(reference[0], state, tol)
         assert lr == reference[1]
     # every rank ends with the same weights
