@@ -4,7 +4,6 @@ Expected values come from first principles: DDP averages the per-rank mean gradi
 per-rank batches one step on N processes equals one step on 1 process over the union of their batches.
 """
 
-
 import pytest
 import torch
 
@@ -313,3 +312,78 @@ def test_bad_constructor_arguments_are_clear_errors(dist_pool):
     assert "KwargsHandler" in errors[4]
     assert "dice" in errors[5]
     assert "fp8" in errors[6] and ("torchao" in errors[6] or "GPU" in errors[6])
+
+
+def train_with_hook(hook, wrapper="no"):
+    from cadence import Accelerator, DistributedDataParallelKwargs
+
+    torch.manual_seed(0)
+    handler = DistributedDataParallelKwargs(
+        comm_hook=hook, comm_wrapper=wrapper, comm_state_option={"matrix_approximation_rank": 2}
+    )
+    acc = Accelerator(kwargs_handlers=[handler])
+    loader = torch.utils.data.DataLoader(make_data(), batch_size=GLOBAL_BATCH // acc.num_processes)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    first = last = None
+    for _ in range(3):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            first = loss.item() if first is None else first
+            last = loss.item()
+    return (
+        {k: v.detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()},
+        first,
+        last,
+    )
+
+
+@pytest.mark.parametrize(
+    "hook, wrapper, tol",
+    [
+        ("fp16", "no", 1e-2),
+        ("bf16", "no", 5e-2),
+        ("power_sgd", "no", None),
+        ("batched_power_sgd", "fp16", None),
+    ],
+)
+def test_ddp_communication_hooks_work_on_gloo(dist_pool, hook, wrapper, tol):
+    reference, _, _ = dist_pool(1).run(train_with_hook, "no")[0]
+    results = dist_pool(2).run(train_with_hook, hook, wrapper)
+    for state, first, last in results:
+        assert last < first  # it trains
+        if tol is not None:  # plain compression: close to the uncompressed result
+            assert_same_weights(reference, state, tol)
+    assert_same_weights(results[0][0], results[1][0], 0)
+
+
+def compiled_training():
+    import torch._dynamo
+
+    from cadence import Accelerator
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    acc = Accelerator(dynamo_backend="aot_eager")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, optimizer = acc.prepare(model, optimizer)
+    x, y = make_data().tensors
+    for _ in range(2):
+        loss = torch.nn.functional.mse_loss(model(x[:8]), y[:8])
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    unwrapped = acc.unwrap_model(model, keep_torch_compile=False)
+    return graphs, type(model).__name__, type(unwrapped).__name__
+
+
+def test_dynamo_backend_really_compiles_under_ddp(dist_pool):
+    for graphs, wrapper, unwrapped in dist_pool(2).run(compiled_training):
+        assert graphs >= 1
+        assert wrapper == "DistributedDataParallel" and unwrapped == "Sequential"

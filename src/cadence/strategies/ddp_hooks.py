@@ -1,7 +1,5 @@
 """DDP communication hooks, including a bf16 compression hook that also works on gloo (CPU)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import torch
@@ -11,13 +9,13 @@ from ..enums import DDPCommunicationHookType
 
 
 def _compress_hook(dtype: torch.dtype):
-    def hook(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    def hook(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         group = process_group if process_group is not None else dist.group.WORLD
         buffer = bucket.buffer()
         compressed = buffer.to(dtype).div_(dist.get_world_size(group))
         future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
-        def decompress(done: torch.futures.Future) -> torch.Tensor:
+        def decompress(done: torch.futures.Future[Any]) -> torch.Tensor:
             buffer.copy_(done.value()[0])
             return buffer
 
@@ -28,13 +26,13 @@ def _compress_hook(dtype: torch.dtype):
 
 
 def _compress_wrapper(dtype: torch.dtype, inner: Any):
-    def wrapped(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+    def wrapped(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
         original_dtype = buffer.dtype
         bucket.set_buffer(buffer.to(dtype))
         future = inner(state, bucket)
 
-        def restore(done: torch.futures.Future) -> torch.Tensor:
+        def restore(done: torch.futures.Future[Any]) -> torch.Tensor:
             result = done.value()
             result = result[0] if isinstance(result, list) else result
             buffer.copy_(result.to(original_dtype))
@@ -46,7 +44,9 @@ def _compress_wrapper(dtype: torch.dtype, inner: Any):
 
 
 def register_comm_hook(model: torch.nn.parallel.DistributedDataParallel, handler: Any) -> None:
-    """Install the hook asked for by DistributedDataParallelKwargs(comm_hook, comm_wrapper, comm_state_option)."""
+    """Install the hook asked for by DistributedDataParallelKwargs(comm_hook, comm_wrapper, comm_state_option).
+
+    (No `from __future__ import annotations` here: DDP checks the hooks' annotations as real types.)"""
     if handler is None or handler.comm_hook == DDPCommunicationHookType.NO:
         return
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
