@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m torch.distributed.run --nproc_per_node 2 examples/process_control.py
+	$(VENV)/bin/cadence launch --num_processes 2 examples/train_regression.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -5,6 +5,18 @@ once. Keys (all optional): ``num_processes``, ``num_machines``, ``backend`` ("gl
 ``mixed_precision``, ``gradient_accumulation_steps``, ``dynamo`` (dict: backend, mode, fullgraph, dynamic),
 ``debug``, ``fsdp`` (dict), ``deepspeed`` (dict), ``process_group_timeout`` and ``stuck_timeout``
 (seconds).
+
+`cadence launch` also writes ``distributed_type`` ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"),
+``main_training_function``, ``enable_cpu_affinity``, ``downcast_bf16``, and ``dynamo.regional_compilation``.
+``fsdp`` holds the launcher's FSDP settings without their ``fsdp_`` prefix (version, sharding_strategy,
+reshard_after_forward, offload_params, min_num_params, auto_wrap_policy, transformer_layer_cls_to_wrap,
+backward_prefetch, state_dict_type, forward_prefetch, use_orig_params, cpu_ram_efficient_loading,
+sync_module_states, activation_checkpointing, activation_checkpointing_offload). ``deepspeed`` holds
+zero_stage, offload_optimizer_device, offload_param_device, offload_*_nvme_path, gradient_clipping,
+zero3_init_flag, zero3_save_16bit_model, deepspeed_config_file, deepspeed_hostfile,
+deepspeed_{exclusion,inclusion}_filter, deepspeed_multinode_launcher, deepspeed_moe_layer_cls_names, and
+``fields_from_config`` (the names whose value came from the config file, for conflict checks against a
+DeepSpeed JSON file). Values that the user did not set are the launcher's defaults.
 """
 
 from __future__ import annotations

@@ -1,0 +1,152 @@
+"""Turn failed workers into a short root-cause summary: which rank failed first, why, and where."""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+TRACEBACK_TAIL_LINES = 8
+# Errors a rank raises because a *peer* went away: never the root cause when another failure exists.
+_KNOCK_ON = re.compile(
+    r"Connection closed by peer|Connection reset|Broken pipe|DistBackendError|DistNetworkError|"
+    r"ProcessGroupGloo|NCCL communicator was aborted|Socket Timeout|recvBytes|sendBytes|"
+    r"failed to recv|peer closed|Connection refused",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    rank: int
+    local_rank: int
+    exitcode: int
+    pid: int | None
+    error_data: dict[str, Any] | None  # the worker's JSON error file, when it wrote one
+
+    @property
+    def exception(self) -> str | None:
+        message = (self.error_data or {}).get("message")
+        if isinstance(message, dict):
+            return message.get("message")
+        return message if isinstance(message, str) and message else None
+
+    @property
+    def traceback(self) -> str:
+        message = (self.error_data or {}).get("message")
+        if isinstance(message, dict):
+            return (message.get("extraInfo") or {}).get("py_callstack") or ""
+        return ""
+
+    @property
+    def time(self) -> float:
+        data = self.error_data or {}
+        precise = (data.get("cadence") or {}).get("time")
+        if precise is not None:
+            return float(precise)
+        message = data.get("message")
+        if isinstance(message, dict):
+            try:
+                return float(message["extraInfo"]["timestamp"])
+            except (KeyError, TypeError, ValueError):
+                pass
+        return float("inf")
+
+    @property
+    def is_knock_on(self) -> bool:
+        return bool(_KNOCK_ON.search(f"{self.exception or ''}\n{self.traceback}"))
+
+    def describe_exit(self) -> str:
+        if self.exitcode < 0:
+            try:
+                name = signal.Signals(-self.exitcode).name
+            except ValueError:
+                name = f"signal {-self.exitcode}"
+            hint = " (out of memory?)" if name == "SIGKILL" else ""
+            return f"killed by {name}{hint}"
+        return f"exit code {self.exitcode}"
+
+
+def root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
+    """The failure that most likely caused the others: a real error before a peer-loss error, earliest first."""
+    return min(failures, key=lambda f: (f.is_knock_on, f.exception is None, f.time, f.rank))
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _tail(text: str, lines: int) -> list[str]:
+    # Drop blank lines and the ^^^^ / ~~~~ markers Python 3.11+ puts under expressions.
+    rows = [row for row in text.rstrip().splitlines() if row.strip() and row.strip(" ^~")]
+    return rows[-lines:]
+
+
+def format_failure_summary(
+    failures: list[WorkerFailure],
+    local_ranks: list[int],
+    log_dir: str | None = None,
+    verbose: bool = False,
+) -> str:
+    """The launcher's report: root cause first, then what happened to every other rank on this machine."""
+    cause = root_cause(failures)
+    lines = [f"cadence launch: rank {cause.rank} failed ({cause.describe_exit()})"]
+    if cause.exception:
+        lines.append(f"  {cause.exception}")
+        tail = _tail(cause.traceback, TRACEBACK_TAIL_LINES)
+        if tail:
+            lines.append("  last lines of its traceback:")
+            lines += [f"    {row}" for row in tail]
+    elif cause.exitcode >= 0:
+        lines.append(
+            "  no Python exception was recorded (the script called sys.exit, or the process crashed)"
+        )
+    if cause.is_knock_on:
+        lines.append(
+            "  this looks like a lost connection: the root cause may be on another machine"
+        )
+    failed = {f.rank: f for f in failures}
+    because = f"stopped because rank {cause.rank} failed"
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(set(local_ranks) | set(failed)):
+        if rank == cause.rank:
+            continue
+        other = failed.get(rank)
+        if other is None:
+            label = because
+        elif other.is_knock_on:
+            label = f"{because} (lost the connection to it)"
+        else:
+            label = f"also failed: {_first_line(other.exception or other.describe_exit())}"
+        groups.setdefault(label, []).append(rank)
+    for label, ranks in groups.items():
+        lines.append(f"  rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {label}")
+    if verbose:
+        for rank in sorted(failed):
+            if rank != cause.rank and failed[rank].traceback:
+                lines.append(f"  rank {rank} traceback:")
+                lines += [f"    {row}" for row in failed[rank].traceback.rstrip().splitlines()]
+    if log_dir:
+        lines.append(f"  worker logs and error files: {log_dir}")
+    return "\n".join(lines)
+
+
+def failures_from_elastic(error: Any) -> list[WorkerFailure]:
+    """Convert torch elastic's ChildFailedError into WorkerFailure records."""
+    result = []
+    for rank, failure in sorted(error.failures.items()):
+        data = failure.error_file_data if isinstance(failure.error_file_data, dict) else None
+        if data is not None and not isinstance(data.get("message"), dict):
+            data = None  # torch's placeholder when the worker wrote no error file
+        result.append(
+            WorkerFailure(
+                rank=int(rank),
+                local_rank=int(failure.local_rank),
+                exitcode=int(failure.exitcode),
+                pid=failure.pid,
+                error_data=data or None,
+            )
+        )
+    return result

@@ -1,0 +1,556 @@
+"""Turn `cadence launch` flags, environment and config file into one validated launch plan.
+
+The plan says where each value came from (see `launch_settings`), holds the settings record the workers
+receive (`cadence.launch_config`), their environment, and the exact `torch.distributed.run` arguments.
+Building a plan starts nothing; it imports torch only to count GPUs on a machine with a GPU driver.
+All problems are collected and reported together in one LaunchPlanError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import config as config_files
+from ..launch_config import LAUNCH_CONFIG_ENV, encode_launch_config
+from . import hardware
+from .launch_args import (
+    DEEPSPEED_MULTINODE_LAUNCHERS,
+    DEEPSPEED_OFFLOAD_DEVICES,
+    DYNAMO_BACKENDS,
+    DYNAMO_MODES,
+    FSDP_AUTO_WRAP_POLICIES,
+    FSDP_BACKWARD_PREFETCH,
+    FSDP_SHARDING_STRATEGIES,
+    FSDP_STATE_DICT_TYPES,
+    RDZV_BACKENDS,
+)
+from .launch_settings import (
+    CONFIG,
+    CPU_SKIPS_DEFAULT_CONFIG,
+    DEEPSPEED_SETTINGS,
+    DEFAULT,
+    DYNAMO_OPTIONS,
+    FLAG,
+    FSDP_SETTINGS,
+    SETTINGS,
+    LaunchPlanError,
+    Setting,
+    SettingsResolver,
+    config_values,
+    read_config,
+)
+
+__all__ = ["LaunchPlan", "LaunchPlanError", "Setting", "build_plan"]
+
+WORKER_BOOTSTRAP_MODULE = "cadence.commands.worker_bootstrap"
+PARADIGMS = ("multi_gpu", "use_fsdp", "use_deepspeed")
+
+
+@dataclass
+class LaunchPlan:
+    """Everything `cadence launch` will do, decided before anything starts."""
+
+    settings: dict[str, Setting]
+    script: str
+    script_args: list[str]
+    module: bool
+    no_python: bool
+    device: Setting
+    backend: str
+    distributed_type: str
+    num_processes: int
+    num_machines: int
+    nproc_per_node: int
+    record: dict[str, Any] = field(default_factory=dict)
+    worker_env: dict[str, str] = field(default_factory=dict)
+    torchrun_args: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def config_file(self) -> str | None:
+        return self.settings["config_file"].value
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether torch elastic runs this launch (several processes or machines, or restarts)."""
+        return self.num_processes > 1 or self.num_machines > 1 or self.value("max_restarts") > 0
+
+    def value(self, name: str) -> Any:
+        return self.settings[name].value
+
+    def worker_argv(self) -> list[str]:
+        """The command each worker runs (torch elastic adds the rank variables to its environment)."""
+        if self.no_python:
+            return [self.script, *self.script_args]
+        target = ["--module", self.script] if self.module else [self.script]
+        return [sys.executable, "-u", "-m", WORKER_BOOTSTRAP_MODULE, *target, *self.script_args]
+
+
+def build_plan(
+    args: argparse.Namespace,
+    env: Mapping[str, str] | None = None,
+    gpu_count: Callable[[], int] = hardware.visible_gpu_count,
+) -> LaunchPlan:
+    """Resolve every setting and validate the whole launch; raises LaunchPlanError listing all problems."""
+    return _Planner(args, os.environ if env is None else env, gpu_count).plan()
+
+
+def _parse_rdzv_conf(text: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise LaunchPlanError(
+                f"--rdzv_conf item {item!r} is not key=value (e.g. --rdzv_conf timeout=900,is_host=1)"
+            )
+        result[key.strip()] = value.strip()
+    return result
+
+
+def _gpu_id_list(gpu_ids: str) -> list[str] | None:
+    if gpu_ids.strip().lower() == "all":
+        return None
+    ids = [part.strip() for part in gpu_ids.split(",") if part.strip()]
+    if not ids or not all(part.isdigit() for part in ids):
+        raise LaunchPlanError(
+            f"--gpu_ids {gpu_ids!r} must be 'all' or comma-separated GPU numbers, e.g. 0,1"
+        )
+    return ids
+
+
+class _Planner:
+    """One pass over the settings: each step resolves a group of values and records its problems."""
+
+    def __init__(
+        self, args: argparse.Namespace, env: Mapping[str, str], gpu_count: Callable[[], int]
+    ):
+        self.args, self.env, self.gpu_count = args, env, gpu_count
+        self.explicit = {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("training_script", "training_script_args")
+        }
+        self.notes: list[str] = []
+        config, config_setting = read_config(self.explicit, env)
+        if config_setting.source == CPU_SKIPS_DEFAULT_CONFIG:
+            self.notes.append(
+                "the default config file was not read because of --cpu (as in accelerate)"
+            )
+        self.from_config = config_values(config, self.notes) if config is not None else {}
+        self.resolve = SettingsResolver(self.explicit, env, self.from_config)
+        self.errors = self.resolve.errors
+        self.settings: dict[str, Setting] = {"config_file": config_setting}
+
+    def value(self, name: str) -> Any:
+        return self.settings[name].value
+
+    def check_choice(self, name: str, choices: tuple[Any, ...]) -> None:
+        setting = self.settings[name]
+        if setting.value is not None and setting.value not in choices:
+            self.errors.append(
+                f"--{name} {setting.value!r} ({setting.source}) must be one of: {', '.join(map(str, choices))}"
+            )
+
+    def plan(self) -> LaunchPlan:
+        self.choose_paradigm()
+        for name in SETTINGS:
+            self.settings.setdefault(name, self.resolve(name))
+        self.choose_device()
+        self.count_processes()
+        self.choose_rendezvous()
+        self.choose_threads()
+        self.check_values()
+        self.check_combinations()
+        self.check_target()
+        problems = list(dict.fromkeys(self.errors))
+        if problems:
+            raise LaunchPlanError(
+                "cadence launch cannot start:\n  - "
+                + "\n  - ".join(problems)
+                + "\nNothing was started. See `cadence launch --help`."
+            )
+        plan = LaunchPlan(
+            settings=self.settings,
+            script=self.args.training_script,
+            script_args=list(self.args.training_script_args or []),
+            module=self.module,
+            no_python=self.no_python,
+            device=self.device,
+            backend=self.backend,
+            distributed_type=self.distributed_type(),
+            num_processes=self.num_processes,
+            num_machines=self.machines,
+            nproc_per_node=self.nproc_per_node,
+            notes=self.notes,
+        )
+        plan.record = _launch_record(plan)
+        plan.worker_env = _worker_env(plan, self.gpu_ids, self.env)
+        plan.torchrun_args = _torchrun_args(plan, self.rdzv_conf)
+        return plan
+
+    def choose_paradigm(self) -> None:
+        # Typed flags (or their environment variables) replace the config file's distributed_type.
+        chosen = {name: self.resolve(name) for name in PARADIGMS}
+        if any(s.value and s.source != CONFIG for s in chosen.values()):
+            chosen = {
+                n: s if s.source != CONFIG else Setting(False, DEFAULT) for n, s in chosen.items()
+            }
+        self.settings.update(chosen)
+        self.settings["cpu"] = self.resolve("cpu")
+        typed = [
+            f"--{n}"
+            for n in ("cpu", *PARADIGMS)
+            if self.value(n) and self.settings[n].source != CONFIG
+        ]
+        if len(typed) > 1:
+            self.errors.append(
+                f"{' and '.join(typed)} cannot be used together: pick one of --cpu, --multi_gpu, "
+                "--use_fsdp, --use_deepspeed"
+            )
+        self.module = bool(self.explicit.get("module", False))
+        self.no_python = bool(self.explicit.get("no_python", False))
+        if self.module and self.no_python:
+            self.errors.append("--module and --no_python cannot be used together")
+
+    def choose_device(self) -> None:
+        gpus = 0 if self.value("cpu") else self.gpu_count()
+        if self.value("cpu"):
+            self.device = Setting("cpu", self.settings["cpu"].source)
+        elif gpus > 0:
+            self.device = Setting("cuda", "default: GPUs found")
+        else:
+            self.device = Setting("cpu", "default: no GPU found")
+            if self.value("multi_gpu"):
+                self.notes.append(
+                    f"multi-GPU was requested ({self.settings['multi_gpu'].source}) but no GPU is "
+                    "visible: running on CPU with gloo"
+                )
+        self.backend = "nccl" if self.device.value == "cuda" else "gloo"
+        self.gpu_ids = None
+        if self.device.value == "cuda":
+            try:
+                self.gpu_ids = _gpu_id_list(self.value("gpu_ids"))
+            except LaunchPlanError as err:
+                self.errors.append(str(err))
+        self.usable_gpus = len(self.gpu_ids) if self.gpu_ids is not None else gpus
+
+    def count_processes(self) -> None:
+        machines = self.machines = self.value("num_machines")
+        on_gpu = self.device.value == "cuda"
+        if self.value("num_processes") is None:
+            per_machine = max(1, self.usable_gpus) if on_gpu else 1
+            reason = (
+                f"{self.usable_gpus} GPU(s) per machine"
+                if on_gpu
+                else "1 process per machine on CPU"
+            )
+            self.settings["num_processes"] = Setting(
+                per_machine * max(1, machines), f"default: {reason}"
+            )
+        total = self.num_processes = self.value("num_processes")
+        rank = self.value("machine_rank")
+        if total < 1:
+            self.errors.append(
+                f"--num_processes must be at least 1, got {total} ({self.settings['num_processes'].source})"
+            )
+        if machines < 1:
+            self.errors.append(
+                f"--num_machines must be at least 1, got {machines} ({self.settings['num_machines'].source})"
+            )
+        elif not 0 <= rank < machines:
+            self.errors.append(
+                f"--machine_rank {rank} must be in [0, {machines}) for {machines} machine(s)"
+            )
+        if total >= 1 and machines >= 1 and total % machines:
+            self.errors.append(
+                f"--num_processes {total} is the total over all machines and must be divisible by "
+                f"--num_machines {machines}"
+            )
+        self.nproc_per_node = max(1, total // max(1, machines))
+        if on_gpu and self.nproc_per_node > self.usable_gpus:
+            self.errors.append(
+                f"{self.nproc_per_node} processes per machine need {self.nproc_per_node} GPUs but only "
+                f"{self.usable_gpus} are usable; lower --num_processes, change --gpu_ids, or pass --cpu"
+            )
+        if self.value("multi_gpu") and on_gpu and total < 2 and machines == 1:
+            self.errors.append("--multi_gpu needs at least 2 processes (--num_processes 2 or more)")
+
+    def choose_rendezvous(self) -> None:
+        self.check_choice("rdzv_backend", RDZV_BACKENDS)
+        try:
+            self.rdzv_conf = _parse_rdzv_conf(self.value("rdzv_conf"))
+        except LaunchPlanError as err:
+            self.errors.append(str(err))
+            self.rdzv_conf = {}
+        one_machine = self.machines <= 1
+        port = self.settings["main_process_port"]
+        if port.value is not None and not 0 <= port.value <= 65535:
+            self.errors.append(f"--main_process_port {port.value} is not a TCP port (0-65535)")
+        elif port.value is None and not one_machine:
+            port = Setting(29500, DEFAULT)
+        elif port.value in (None, 0) and one_machine:
+            reason = (
+                "default: a free port"
+                if port.value is None
+                else f"{port.source}: 0 means a free port"
+            )
+            port = Setting(hardware.free_port(), reason)
+        elif port.value == 0:
+            self.errors.append(
+                "--main_process_port 0 (a free port) only works on one machine: every machine must know the port"
+            )
+        self.settings["main_process_port"] = port
+        chosen_by_user = port.source in (FLAG, CONFIG) or port.source.startswith("env")
+        listens_here = one_machine or self.value("machine_rank") == 0
+        if (
+            chosen_by_user
+            and listens_here
+            and 0 < port.value <= 65535
+            and hardware.port_in_use(port.value)
+        ):
+            self.errors.append(
+                f"port {port.value} ({port.source}) is already in use on this machine; pick another "
+                "--main_process_port" + (", or 0 for any free port" if one_machine else "")
+            )
+        if not self.value("main_process_ip"):
+            if not one_machine:
+                self.errors.append(
+                    f"--main_process_ip is required with {self.machines} machines: the address of the "
+                    "machine of rank 0"
+                )
+            self.settings["main_process_ip"] = Setting("127.0.0.1", DEFAULT)
+
+    def choose_threads(self) -> None:
+        threads = self.settings["num_cpu_threads_per_process"]
+        omp = self.env.get("OMP_NUM_THREADS", "")
+        if threads.value is not None:
+            if threads.value < 1:
+                self.errors.append(
+                    f"--num_cpu_threads_per_process must be at least 1, got {threads.value}"
+                )
+            return
+        if omp.isdigit() and int(omp) > 0:
+            threads = Setting(int(omp), "env OMP_NUM_THREADS")
+        elif self.device.value == "cpu":
+            cores = hardware.usable_cpu_count()
+            threads = Setting(
+                max(1, cores // self.nproc_per_node),
+                f"default: {cores} cores / {self.nproc_per_node} process(es)",
+            )
+        else:
+            threads = Setting(1, DEFAULT)
+        self.settings["num_cpu_threads_per_process"] = threads
+
+    def check_values(self) -> None:
+        if self.value("max_restarts") < 0:
+            self.errors.append(
+                f"--max_restarts must be 0 or more, got {self.value('max_restarts')}"
+            )
+        if self.value("monitor_interval") <= 0:
+            self.errors.append(
+                f"--monitor_interval must be positive, got {self.value('monitor_interval')}"
+            )
+        if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", str(self.value("tee"))):
+            self.errors.append(
+                f"--tee {self.value('tee')!r} must be 0 (none), 1 (stdout), 2 (stderr), 3 (both), or "
+                "rank:value pairs like 0:3,1:0"
+            )
+        self.check_choice("mixed_precision", config_files.MIXED_PRECISION_CHOICES)
+        self.check_choice("dynamo_backend", DYNAMO_BACKENDS)
+        self.check_choice("dynamo_mode", DYNAMO_MODES)
+        steps = self.value("gradient_accumulation_steps")
+        if steps is not None and steps < 1:
+            self.errors.append(f"--gradient_accumulation_steps must be at least 1, got {steps}")
+
+    def check_combinations(self) -> None:
+        """Options that only mean something together with another one."""
+        use_fsdp, use_deepspeed = self.value("use_fsdp"), self.value("use_deepspeed")
+        for names, owner, enabled in (
+            (FSDP_SETTINGS, "--use_fsdp", use_fsdp),
+            (DEEPSPEED_SETTINGS, "--use_deepspeed", use_deepspeed),
+        ):
+            stray = [n for n in names if self.settings[n].source == FLAG and not enabled]
+            if stray:
+                verb = "apply" if len(stray) > 1 else "applies"
+                self.errors.append(
+                    f"{', '.join('--' + n for n in stray)} only {verb} with {owner}; add it or drop "
+                    f"{'these flags' if len(stray) > 1 else 'the flag'}"
+                )
+        dynamo_on = self.value("dynamo_backend") not in (None, "no")
+        stray = [n for n in DYNAMO_OPTIONS if self.settings[n].source == FLAG and not dynamo_on]
+        if stray:
+            self.errors.append(
+                f"{', '.join('--' + n for n in stray)} need{'' if len(stray) > 1 else 's'} "
+                "--dynamo_backend (e.g. --dynamo_backend inductor)"
+            )
+        if use_fsdp:
+            self.check_fsdp()
+        if use_deepspeed:
+            self.check_deepspeed()
+
+    def check_fsdp(self) -> None:
+        strategy = self.value("fsdp_sharding_strategy")
+        legacy_numbers = {str(i) for i in range(1, len(FSDP_SHARDING_STRATEGIES) + 1)}
+        if strategy not in FSDP_SHARDING_STRATEGIES and str(strategy) not in legacy_numbers:
+            self.errors.append(
+                f"--fsdp_sharding_strategy {strategy!r} must be one of {', '.join(FSDP_SHARDING_STRATEGIES)}"
+            )
+        self.check_choice("fsdp_auto_wrap_policy", FSDP_AUTO_WRAP_POLICIES)
+        self.check_choice("fsdp_backward_prefetch", FSDP_BACKWARD_PREFETCH)
+        self.check_choice("fsdp_state_dict_type", FSDP_STATE_DICT_TYPES)
+        self.check_choice("fsdp_version", (1, 2))
+        if self.value("fsdp_cpu_ram_efficient_loading") and not self.value(
+            "fsdp_sync_module_states"
+        ):
+            self.errors.append(
+                "--fsdp_cpu_ram_efficient_loading true needs --fsdp_sync_module_states true"
+            )
+
+    def check_deepspeed(self) -> None:
+        self.check_choice("zero_stage", (0, 1, 2, 3))
+        self.check_choice("offload_optimizer_device", DEEPSPEED_OFFLOAD_DEVICES)
+        self.check_choice("offload_param_device", DEEPSPEED_OFFLOAD_DEVICES)
+        self.check_choice("deepspeed_multinode_launcher", DEEPSPEED_MULTINODE_LAUNCHERS)
+        config_file = self.value("deepspeed_config_file")
+        if config_file not in (None, "none") and not Path(config_file).is_file():
+            self.errors.append(f"--deepspeed_config_file {config_file!r} does not exist")
+
+    def check_target(self) -> None:
+        script = self.args.training_script
+        if self.module:
+            return
+        if self.no_python:
+            if not (Path(script).exists() or shutil.which(script)):
+                self.errors.append(
+                    f"the program {script!r} was not found (with --no_python it must be an executable)"
+                )
+        elif not Path(script).is_file():
+            self.errors.append(
+                f"the script {script!r} does not exist (relative to {os.getcwd()}); pass a path to a "
+                "Python file, or -m for a module"
+            )
+
+    def distributed_type(self) -> str:
+        if self.value("use_fsdp"):
+            return "FSDP"
+        if self.value("use_deepspeed"):
+            return "DEEPSPEED"
+        if self.num_processes > 1:
+            return "MULTI_GPU" if self.device.value == "cuda" else "MULTI_CPU"
+        return "NO"
+
+
+def _launch_record(plan: LaunchPlan) -> dict[str, Any]:
+    value = plan.value
+    record: dict[str, Any] = {
+        "num_processes": plan.num_processes,
+        "num_machines": plan.num_machines,
+        "backend": plan.backend,
+        "use_cpu": plan.device.value == "cpu",
+        "distributed_type": plan.distributed_type,
+        "mixed_precision": value("mixed_precision"),
+        "debug": value("debug"),
+        "main_training_function": value("main_training_function"),
+        "enable_cpu_affinity": value("enable_cpu_affinity"),
+        "downcast_bf16": value("downcast_bf16"),
+    }
+    if value("gradient_accumulation_steps") is not None:
+        record["gradient_accumulation_steps"] = value("gradient_accumulation_steps")
+    if value("dynamo_backend") not in (None, "no"):
+        record["dynamo"] = {
+            "backend": value("dynamo_backend").upper(),
+            "mode": value("dynamo_mode"),
+            "fullgraph": value("dynamo_use_fullgraph"),
+            "dynamic": value("dynamo_use_dynamic"),
+            "regional_compilation": value("dynamo_use_regional_compilation"),
+        }
+    if plan.distributed_type == "FSDP":
+        record["fsdp"] = {name[len("fsdp_") :]: value(name) for name in FSDP_SETTINGS}
+    if plan.distributed_type == "DEEPSPEED":
+        deepspeed = {name: value(name) for name in DEEPSPEED_SETTINGS}
+        deepspeed["fields_from_config"] = sorted(
+            [n for n in DEEPSPEED_SETTINGS if plan.settings[n].source == CONFIG]
+            + (["mixed_precision"] if plan.settings["mixed_precision"].source == CONFIG else [])
+        )
+        record["deepspeed"] = deepspeed
+    return record
+
+
+def _worker_env(
+    plan: LaunchPlan, gpu_ids: list[str] | None, env: Mapping[str, str]
+) -> dict[str, str]:
+    worker_env = {
+        LAUNCH_CONFIG_ENV: encode_launch_config(plan.record),
+        "OMP_NUM_THREADS": str(plan.value("num_cpu_threads_per_process")),
+    }
+    if gpu_ids is not None:
+        worker_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+    if not plan.multi_process:
+        # What torch elastic would give a world of one, so scripts that call init_process_group work too.
+        worker_env.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+            MASTER_ADDR=plan.value("main_process_ip"), MASTER_PORT=str(plan.value("main_process_port")),
+        )  # fmt: skip
+    if plan.num_machines > 1 and plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env:
+        # gloo picks its interface from the hostname, which may resolve to 127.0.0.1 (containers,
+        # network namespaces): use the interface that actually routes to the main machine.
+        local = hardware.local_address_towards(
+            plan.value("main_process_ip"), plan.value("main_process_port")
+        )
+        interface = hardware.interface_with_address(local) if local else None
+        if interface:
+            worker_env["GLOO_SOCKET_IFNAME"] = interface
+    return worker_env
+
+
+def _torchrun_args(plan: LaunchPlan, rdzv_conf: dict[str, str]) -> list[str]:
+    value = plan.value
+    ip, port = value("main_process_ip"), value("main_process_port")
+    args = [
+        "--nnodes", str(plan.num_machines),
+        "--nproc_per_node", str(plan.nproc_per_node),
+        "--rdzv_backend", value("rdzv_backend"),
+        "--max_restarts", str(value("max_restarts")),
+        "--monitor_interval", str(value("monitor_interval")),
+        "--role", value("role"),
+        "--tee", str(value("tee")),
+    ]  # fmt: skip
+    conf = dict(rdzv_conf)
+    if value("rdzv_backend") == "static":
+        args += [
+            "--node_rank",
+            str(value("machine_rank")),
+            "--master_addr",
+            ip,
+            "--master_port",
+            str(port),
+        ]
+    else:
+        args += ["--rdzv_endpoint", f"{ip}:{port}", "--rdzv_id", "none"]
+        if plan.num_machines > 1 and "is_host" not in conf:
+            local = hardware.local_address_towards(ip, port)
+            # Decide who hosts the rendezvous store by routing, not by hostname (which may resolve to
+            # 127.0.0.1 on every machine inside containers or network namespaces).
+            if local is not None:
+                conf["is_host"] = "1" if local == ip else "0"
+    if plan.num_machines > 1:
+        local = hardware.local_address_towards(ip, port)
+        if local is not None:
+            args += ["--local_addr", local]
+    if conf:
+        args += ["--rdzv_conf", ",".join(f"{k}={v}" for k, v in conf.items())]
+    if value("log_dir"):
+        args += ["--log_dir", value("log_dir")]
+    if plan.no_python:
+        args += ["--no_python", plan.script, *plan.script_args]
+    else:
+        args += ["--module", *plan.worker_argv()[3:]]
+    return args

@@ -1,0 +1,123 @@
+"""Start a launch plan: one process directly, several through torch elastic; report failures.
+
+The multi-process path runs `torch.distributed.run`'s own launcher in this process (its argument
+parser, `config_from_args` and `elastic_launch`), so the agent that supervises the workers, restarts
+them and stops them on a signal is PyTorch's. Cadence only adds the worker bootstrap (which records
+each worker's exception) and the root-cause summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .failure_report import WorkerFailure, failures_from_elastic, format_failure_summary
+from .launch_plan import LaunchPlan
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_plan(plan: LaunchPlan) -> int:
+    """Run the plan to completion; returns the launcher's exit code."""
+    if plan.multi_process:
+        return _run_elastic(plan)
+    return _run_single(plan)
+
+
+def _run_single(plan: LaunchPlan) -> int:
+    with tempfile.TemporaryDirectory(prefix="cadence-launch-") as scratch:
+        error_file = os.path.join(scratch, "error.json")
+        env = {**os.environ, **plan.worker_env, "TORCHELASTIC_ERROR_FILE": error_file}
+        # Own session, so a terminal's Ctrl-C reaches the worker once (forwarded below), not twice.
+        worker = subprocess.Popen(plan.worker_argv(), env=env, start_new_session=True)
+        received: list[int] = []
+
+        def forward(signum: int, _frame: object) -> None:
+            received.append(signum)
+            if worker.poll() is None:
+                worker.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+        try:
+            exitcode = worker.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if exitcode == 0:
+            return 0
+        if received:
+            _say(f"cadence launch: stopped by {signal.Signals(received[0]).name}")
+            return 128 + received[0]
+        data = None
+        if os.path.isfile(error_file):
+            try:
+                data = json.loads(Path(error_file).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = None
+        failure = WorkerFailure(
+            rank=0, local_rank=0, exitcode=exitcode, pid=worker.pid, error_data=data
+        )
+        _say(format_failure_summary([failure], local_ranks=[0], verbose=plan.value("debug")))
+        return exitcode if exitcode > 0 else 128 - exitcode
+
+
+def _quiet_torch_elastic(debug: bool) -> None:
+    # torch elastic logs every failure as a large table; the summary below replaces it unless --debug.
+    if not debug:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+
+
+def _run_elastic(plan: LaunchPlan) -> int:
+    os.environ.update(plan.worker_env)
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    _quiet_torch_elastic(plan.value("debug"))
+    user_log_dir = plan.value("log_dir")
+    scratch = None if user_log_dir else tempfile.TemporaryDirectory(prefix="cadence-launch-")
+    args = list(plan.torchrun_args)
+    if scratch is not None:
+        args = ["--log_dir", scratch.name, *args]
+    try:
+        config, entrypoint, entry_args = torchrun.config_from_args(torchrun.parse_args(args))
+        try:
+            elastic_launch(config=config, entrypoint=entrypoint)(*entry_args)
+        except ChildFailedError as error:
+            failures = failures_from_elastic(error)
+            base = failures[0].rank - failures[0].local_rank
+            local_ranks = [base + i for i in range(plan.nproc_per_node)]
+            _say(
+                format_failure_summary(
+                    failures, local_ranks, user_log_dir, verbose=plan.value("debug")
+                )
+            )
+            return 1
+        except SignalException as stop:
+            _say(
+                f"cadence launch: stopped by {signal.Signals(stop.sigval).name}; all workers were stopped"
+            )
+            return 128 + int(stop.sigval)
+        except Exception as error:  # rendezvous or agent failure: the workers never ran to the end
+            if plan.value("debug"):
+                raise
+            _say(
+                f"cadence launch: torch elastic could not run the workers: {type(error).__name__}: "
+                f"{error}\n  (pass --debug for the full traceback)"
+            )
+            return 1
+        return 0
+    finally:
+        if scratch is not None:
+            scratch.cleanup()

@@ -1,0 +1,150 @@
+"""Run the user's script (or `--module name`) as one worker of `cadence launch`.
+
+`python -m cadence.commands.worker_bootstrap [--module] target [args...]` behaves like
+`python target args...` (or `python -m target`), and in addition:
+
+- an uncaught exception is written to the JSON error file torch elastic names in
+  ``TORCHELASTIC_ERROR_FILE`` (the format torch elastic's own error handler writes, plus a precise
+  ``cadence`` section), so the launcher can report which rank failed first and why;
+- on Linux the worker asks the kernel to send it SIGTERM when its launcher dies, so a launcher killed
+  with SIGKILL leaves no orphans.
+
+It imports nothing heavy: the user's script decides whether torch is loaded.
+"""
+
+from __future__ import annotations
+
+import builtins
+import faulthandler
+import io
+import json
+import os
+import sys
+import time
+import traceback
+import types
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        sys.exit("cadence worker: the launcher exited before this worker started.")
+
+
+def _listen_to_interrupts() -> None:
+    # A launcher started in the background inherits an ignored SIGINT and passes it on; the launcher
+    # forwards Ctrl-C on purpose, so the worker must see it as KeyboardInterrupt like a foreground script.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _die_by_sigint() -> None:
+    # Like `python script.py` on Ctrl-C: end by the signal itself, so the parent sees "killed by SIGINT".
+    import signal
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _strip_own_frames(error: BaseException) -> None:
+    """Start the traceback at the user's code, as if the script had been run by `python` directly."""
+    tb = error.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == __file__
+        or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
+    ):
+        tb = tb.tb_next
+    if tb is not None:
+        error.__traceback__ = tb
+
+
+def write_error_file(error: BaseException, path: str) -> None:
+    """Record `error` where the launcher will look for it."""
+    now = time.time()
+    callstack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    data = {
+        "message": {
+            "message": f"{type(error).__name__}: {error}",
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(now))},
+        },
+        "cadence": {
+            "time": now,
+            "exception": type(error).__name__,
+            "rank": os.environ.get("RANK"),
+        },
+    }
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+    except OSError:
+        pass  # reporting must never hide the user's own error
+
+
+def _run_script(path: str, args: list[str]) -> None:
+    sys.argv = [path, *args]
+    # As `python script.py` does: the script's (resolved) folder first on sys.path instead of the
+    # current directory, and an absolute __file__.
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    filename = os.path.abspath(path)
+    with io.open_code(filename) as handle:
+        code = compile(handle.read(), filename, "exec")
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__file__": filename, "__cached__": None, "__builtins__": builtins})
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
+
+
+def _run_module(name: str, args: list[str]) -> None:
+    import runpy
+
+    sys.argv = [name, *args]
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    as_module = bool(argv) and argv[0] == "--module"
+    if as_module:
+        argv = argv[1:]
+    if not argv:
+        sys.exit("usage: python -m cadence.commands.worker_bootstrap [--module] target [args...]")
+    _die_with_parent()
+    _listen_to_interrupts()
+    faulthandler.enable(all_threads=True)
+    target, args = argv[0], argv[1:]
+    try:
+        if as_module:
+            _run_module(target, args)
+        else:
+            _run_script(target, args)
+    except Exception as error:
+        _strip_own_frames(error)
+        error_file = os.environ.get(ERROR_FILE_ENV)
+        if error_file:
+            write_error_file(error, error_file)
+        sys.excepthook(type(error), error, error.__traceback__)
+        sys.exit(1)
+    except KeyboardInterrupt as interrupt:
+        _strip_own_frames(interrupt)
+        sys.excepthook(type(interrupt), interrupt, interrupt.__traceback__)
+        _die_by_sigint()
+
+
+if __name__ == "__main__":
+    main()
