@@ -48,6 +48,12 @@ _EXPORTS = {
     "clear_device_cache": "cadence.utils.memory",
     # data
     "skip_first_batches": "cadence.data",
+    "find_batch_size": "cadence.data.batches",
+    "ignorant_find_batch_size": "cadence.data.batches",
+    "slice_tensors": "cadence.data.batches",
+    "get_data_structure": "cadence.data.batches",
+    "initialize_tensors": "cadence.data.batches",
+    "TensorInformation": "cadence.data.batches",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,387 @@
+"""The prepared dataloaders: DataLoader subclasses that track where they stand and shard batches.
+
+Each loader fetches one batch ahead so that it knows, while handing out the last batch, that it is the
+last (`end_of_dataloader`), registers itself with GradientState while it iterates, and keeps a
+LoaderPosition so that `state_dict()` / `load_state_dict()` resume exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader
+
+from ..state import GradientState
+from .batches import device_mover
+from .position import (
+    LoaderPosition,
+    load_position,
+    position_state_dict,
+    restore_generators,
+    take_snapshot,
+)
+from .samplers import ResumeSkip, SkipBatchSampler, get_sampler
+from .sharding import IterableDatasetShard
+
+_EXHAUSTED = object()
+
+
+class DataLoaderStateMixin:
+    """`end_of_dataloader` and `remainder` of a dataloader, and its registration with GradientState.
+
+    `remainder` is the number of real samples in the last global batch (the rest of it repeats samples
+    from the start of the epoch), 0 when the dataset fills its last batch, -1 when unknown.
+    """
+
+    end_of_dataloader = False
+    remainder = -1
+
+    def reset(self) -> None:
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Mark the start of an iteration and make this the active dataloader of GradientState."""
+        self.reset()
+        self.remainder = self._initial_remainder()
+        self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        """Hand GradientState back to the dataloader that was active before this one."""
+        self.gradient_state._remove_dataloader(self)
+
+    def _initial_remainder(self) -> int:
+        return -1
+
+
+def stateful_variant(cls: type) -> type:
+    """`cls` rebuilt on torchdata's StatefulDataLoader instead of the plain DataLoader."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError as error:
+        raise ImportError(
+            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader (torchdata >= 0.8), "
+            "which is not installed: `pip install torchdata`, or leave use_stateful_dataloader=False "
+            "(Cadence's prepared dataloaders resume exactly on their own)."
+        ) from error
+    variant = _STATEFUL_VARIANTS.get(cls)
+    if variant is None:
+
+        def __reduce_ex__(self, protocol):  # the variant is rebuilt by name in the loading process
+            return _stateful_instance, (cls,), self.__dict__
+
+        attributes = {"__module__": cls.__module__, "__reduce_ex__": __reduce_ex__}
+        variant = type(cls.__name__, (cls, StatefulDataLoader), attributes)
+        _STATEFUL_VARIANTS[cls] = variant
+    return variant
+
+
+_STATEFUL_VARIANTS: dict[type, type] = {}
+
+
+def _stateful_instance(cls: type) -> Any:
+    return object.__new__(stateful_variant(cls))
+
+
+def _torchdata_refuses_in_order() -> bool:
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("torchdata")) < Version("0.11")
+
+
+class DataLoaderAdapter(DataLoader):
+    """Base of the prepared dataloaders: position tracking, exact resume, epoch propagation.
+
+    With `use_stateful_dataloader=True` the instance is built on torchdata's StatefulDataLoader.
+    """
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any):
+        if use_stateful_dataloader:
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        dataset: Any,
+        use_stateful_dataloader: bool = False,
+        batch_sampler: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if use_stateful_dataloader and "in_order" in kwargs and _torchdata_refuses_in_order():
+            kwargs.pop("in_order")
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.gradient_state = GradientState()
+        self._position = LoaderPosition()
+        self._resuming_index_sampler = None
+
+    # -- position and exact resume --------------------------------------------------------------
+    @property
+    def iteration(self) -> int:
+        """The current epoch: set by set_epoch, incremented after each complete pass."""
+        return self._position.epoch
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self._position.epoch = value
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands (epoch, batches handed out, generator states): plain values and
+        tensors, loadable with torch.load(weights_only=True)."""
+        return position_state_dict(self, self._position)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue, at the next iteration, from the batch after the last one handed out before the
+        state was taken, with the same samples in the same order."""
+        load_position(self, self._position, state_dict)
+
+    @property
+    def _index_sampler(self) -> Any:
+        resuming = self.__dict__.get("_resuming_index_sampler")
+        if resuming is not None:
+            return resuming
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def _open_base_iterator(
+        self, resume: dict[str, Any] | None, index_skip: int, fetch_first: bool
+    ) -> tuple[Iterator[Any], Any, dict[str, Any]]:
+        """The base loader's iterator (and its first batch), created under the epoch's RNG states.
+
+        When resuming, the generators and torch's global generator are set back to their states at
+        the start of the saved epoch while the epoch's order is drawn, then the global generator
+        returns to its loaded state, so the rest of training sees the RNG it had when it was saved.
+        """
+        loaded_global = None
+        if resume is not None:
+            restore_generators(self, resume)
+            if "torch_rng_state" in resume:
+                loaded_global = torch.get_rng_state()
+                torch.set_rng_state(resume["torch_rng_state"])
+            if index_skip and self.persistent_workers and self.num_workers > 0:
+                self._iterator = None  # a kept iterator would not see the skipping index sampler
+        snapshot = take_snapshot(self, with_global=True)
+        resuming = None
+        if index_skip:
+            resuming = ResumeSkip(self._index_sampler, index_skip)
+            self._resuming_index_sampler = resuming
+        try:
+            iterator = super().__iter__()
+            if resuming is not None:
+                # The iterator holds the wrapper (persistent workers re-iterate it each epoch): from
+                # now on it must not skip anything.
+                self._resuming_index_sampler = None
+                resuming.skip = 0
+            first = next(iterator, _EXHAUSTED) if fetch_first else _EXHAUSTED
+        finally:
+            self._resuming_index_sampler = None
+            if loaded_global is not None:
+                torch.set_rng_state(loaded_global)
+        return iterator, first, snapshot
+
+    def _sampler_skip(self) -> int:
+        sampler = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        return sampler.skip_batches if isinstance(sampler, SkipBatchSampler) else 0
+
+    # -- epochs and samplers --------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch here, on the batch sampler, the sampler or else the dataset."""
+        if self.iteration != epoch:
+            self.iteration = epoch
+        batch_sampler = (
+            self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        )
+        if hasattr(batch_sampler, "set_epoch"):
+            batch_sampler.set_epoch(epoch)
+        sampler = get_sampler(self)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def get_sampler(self) -> Any:
+        return get_sampler(self)
+
+    def set_sampler(self, sampler: Any) -> None:
+        """Replace the sampler of indices at every level of the batch-sampler wrappers."""
+        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        while holder is not None:
+            holder.sampler = sampler
+            holder = holder.__dict__.get("batch_sampler")
+
+    @property
+    def total_dataset_length(self) -> int:
+        if hasattr(self.dataset, "total_length"):
+            return self.dataset.total_length
+        return len(self.dataset)
+
+
+class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
+    """A DataLoader that yields this process's batches, on `device`, with synchronised shuffling.
+
+    At each iteration the random generators named in `rng_types` are copied from the main process, so
+    every process draws the same order of the whole dataset before taking its shard of it.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: Any = None,
+        rng_types: list[Any] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+        self.device = device
+        self.rng_types = rng_types
+        self.synchronized_generator = synchronized_generator
+        self.skip_batches = skip_batches
+        self._drop_last = _drop_last
+        self._non_blocking = _non_blocking
+        self.torch_device_mesh = torch_device_mesh
+        self.iteration = iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        # Everything happens at the first next(), as for any generator (iter() alone does nothing).
+        resume = self._position.take_pending()
+        if resume is None and self.rng_types is not None:
+            from ..utils.random import synchronize_rng_states
+
+            synchronize_rng_states(self.rng_types, self.synchronized_generator)
+        self.begin()
+        self.set_epoch(self.iteration)
+        position = self._position
+        own_skip = self._sampler_skip() + self.skip_batches
+        resume_skip = resume["batches_yielded"] if resume is not None and not own_skip else 0
+        iterable = isinstance(self.dataset, torch.utils.data.IterableDataset)
+        discard = self.skip_batches + (resume_skip if iterable else 0)
+        iterator, current, snapshot = self._open_base_iterator(
+            resume, 0 if iterable else resume_skip, fetch_first=True
+        )
+        position.start_epoch(snapshot, own_skip + resume_skip)
+        # An epoch resumed after its last batch has nothing left but still ends.
+        had_batches = current is not _EXHAUSTED or resume_skip > 0
+        while discard and current is not _EXHAUSTED:
+            current = next(iterator, _EXHAUSTED)
+            discard -= 1
+        if current is _EXHAUSTED:
+            if had_batches:
+                self.end_of_dataloader = True
+                position.finish_epoch()
+            else:
+                position.in_epoch = False
+            self.end()
+            return
+        move = device_mover(current, self.device, self._non_blocking)
+        yielded = position.yielded
+        while True:
+            if move is not None:
+                current = move(current)
+            upcoming = next(iterator, _EXHAUSTED)
+            if upcoming is _EXHAUSTED:
+                break
+            yielded += 1
+            position.yielded = yielded
+            yield current
+            current = upcoming
+        self.end_of_dataloader = True
+        self._settle_remainder()
+        position.yielded = yielded + 1
+        yield current
+        position.finish_epoch()
+        self.end()
+
+    def __len__(self) -> int:
+        length = super().__len__()
+        if self.skip_batches and isinstance(self.dataset, torch.utils.data.IterableDataset):
+            return max(length - self.skip_batches, 0)
+        return length
+
+    # -- sizes and padding ----------------------------------------------------------------------
+    @property
+    def total_batch_size(self) -> int:
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset.global_batch_size
+        batch_sampler = (
+            self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        )
+        if getattr(batch_sampler, "split_batches", False):
+            return batch_sampler.batch_size
+        return batch_sampler.batch_size * getattr(batch_sampler, "num_processes", 1)
+
+    @property
+    def _pads_last_batch(self) -> bool:
+        if isinstance(self.dataset, IterableDatasetShard):
+            return not self.dataset.drop_last and self.dataset.num_processes > 1
+        batch_sampler = (
+            self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        )
+        return bool(getattr(batch_sampler, "pads_last_batch", False))
+
+    def _initial_remainder(self) -> int:
+        batch_sampler = (
+            self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        )
+        if self._drop_last or getattr(batch_sampler, "drop_last", False):
+            return -1  # nothing is repeated: the last batch needs no trimming
+        try:
+            if isinstance(self.dataset, IterableDatasetShard):
+                return len(self.dataset.dataset) % self.dataset.global_batch_size
+            return self._samples_per_epoch() % self.total_batch_size
+        except Exception:  # noqa: BLE001 - no length or no batch size: unknown
+            return -1
+
+    def _samples_per_epoch(self) -> int:
+        sampler = get_sampler(self)
+        if sampler is not None and not hasattr(self.dataset, "total_length"):
+            try:
+                return len(sampler)
+            except TypeError:
+                pass
+        return self.total_dataset_length
+
+    def _settle_remainder(self) -> None:
+        """Once the stream of an iterable dataset ended, its length is known exactly."""
+        dataset = self.dataset
+        if isinstance(dataset, IterableDatasetShard) and not self._drop_last:
+            seen = dataset.samples_seen  # set in this process only when there are no workers
+            if seen is not None:
+                self.remainder = seen % dataset.global_batch_size
+
+
+class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
+    """A plain DataLoader that skips its first `skip_batches` batches (for iterable datasets)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+        self.skip_batches = skip_batches
+        self.device = None
+        self.rng_types = None
+        self.synchronized_generator = None
+        self._drop_last = self.drop_last
+        self._non_blocking = False
+
+    __iter__ = DataLoaderShard.__iter__
+    _settle_remainder = DataLoaderShard._settle_remainder
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+    @property
+    def _pads_last_batch(self) -> bool:
+        return False

@@ -1,0 +1,153 @@
+"""Where a prepared dataloader stands, as a state dict of plain Python values and tensors.
+
+An epoch's order is decided by random number generators when it starts: the sampler's generator (kept
+identical on every process) or torch's global generator (a RandomSampler without generator, the
+DataLoader's worker seed). The position records their states at the start of the current epoch and
+the number of batches handed out since; resuming restores those states, replays the epoch's order and
+drops the batches already seen. Between epochs only the generators' current states are needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+STATE_VERSION = 1
+_KEYS = ("version", "epoch", "batches_yielded", "in_epoch", "generator_names", "generator_states")
+
+
+class LoaderPosition:
+    """Epoch and progress of one prepared dataloader (shared with those skip_first_batches derives)."""
+
+    __slots__ = ("epoch", "yielded", "in_epoch", "epoch_start", "pending")
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+        self.yielded = 0  # batches handed out in the current epoch, skipped ones included
+        self.in_epoch = False
+        self.epoch_start: dict[str, Any] | None = None  # RNG states when the current epoch began
+        self.pending: dict[str, Any] | None = (
+            None  # a loaded mid-epoch state for the next iteration
+        )
+
+    def start_epoch(self, snapshot: dict[str, Any], already_yielded: int) -> None:
+        self.epoch_start = snapshot
+        self.yielded = already_yielded
+        self.in_epoch = True
+
+    def finish_epoch(self) -> None:
+        self.epoch += 1
+        self.yielded = 0
+        self.in_epoch = False
+        self.epoch_start = None
+
+    def take_pending(self) -> dict[str, Any] | None:
+        pending, self.pending = self.pending, None
+        return pending
+
+
+def named_generators(loader: Any) -> list[tuple[str, torch.Generator]]:
+    """The distinct torch.Generator objects that decide a loader's order, in a fixed order."""
+    from .samplers import get_sampler
+
+    candidates = [
+        ("synchronized", getattr(loader, "synchronized_generator", None)),
+        ("sampler", getattr(_safe(get_sampler, loader), "generator", None)),
+        ("loader", getattr(loader, "generator", None)),
+        ("dataset", getattr(loader.dataset, "generator", None)),
+        ("source_dataset", getattr(getattr(loader.dataset, "dataset", None), "generator", None)),
+    ]
+    found: list[tuple[str, torch.Generator]] = []
+    for name, generator in candidates:
+        if isinstance(generator, torch.Generator) and all(generator is not g for _, g in found):
+            found.append((name, generator))
+    return found
+
+
+def _safe(function: Any, *args: Any) -> Any:
+    try:
+        return function(*args)
+    except Exception:  # noqa: BLE001 - a loader without sampler has no sampler generator
+        return None
+
+
+def take_snapshot(loader: Any, with_global: bool) -> dict[str, Any]:
+    generators = named_generators(loader)
+    snapshot = {
+        "generator_names": [name for name, _ in generators],
+        "generator_states": [generator.get_state() for _, generator in generators],
+    }
+    if with_global:
+        snapshot["torch_rng_state"] = torch.get_rng_state()
+    return snapshot
+
+
+def restore_generators(loader: Any, snapshot: dict[str, Any]) -> None:
+    generators = dict(named_generators(loader))
+    for name, state in zip(snapshot["generator_names"], snapshot["generator_states"]):
+        generator = generators.get(name)
+        if generator is None:
+            raise ValueError(
+                f"This dataloader state holds the state of a {name!r} random generator but the "
+                f"dataloader has none ({', '.join(generators) or 'no generators'}). Load the state "
+                "into a dataloader prepared the same way as the one that saved it."
+            )
+        generator.set_state(state)
+
+
+def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]:
+    if position.pending is not None:
+        return dict(position.pending)
+    if position.in_epoch and position.epoch_start is not None:
+        snapshot = position.epoch_start
+    else:
+        snapshot = take_snapshot(loader, with_global=False)
+    state = {
+        "version": STATE_VERSION,
+        "epoch": position.epoch,
+        "batches_yielded": position.yielded if position.in_epoch else 0,
+        "in_epoch": position.in_epoch,
+        "generator_names": list(snapshot["generator_names"]),
+        "generator_states": [s.clone() for s in snapshot["generator_states"]],
+    }
+    if position.in_epoch and "torch_rng_state" in snapshot:
+        state["torch_rng_state"] = snapshot["torch_rng_state"].clone()
+    return state
+
+
+def load_position(loader: Any, position: LoaderPosition, state: dict[str, Any]) -> None:
+    _validate(state)
+    if state["in_epoch"]:
+        # Applied when the next iteration starts: generators, global RNG and skip together.
+        position.pending = dict(state)
+        position.in_epoch = False
+        position.epoch_start = None
+        position.yielded = 0
+    else:
+        restore_generators(loader, state)
+        position.pending = None
+        position.in_epoch = False
+        position.yielded = 0
+    position.epoch = int(state["epoch"])
+
+
+def _validate(state: Any) -> None:
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"A dataloader state must be the dict returned by state_dict(), got {type(state).__name__}."
+        )
+    missing = [key for key in _KEYS if key not in state]
+    if missing:
+        raise ValueError(
+            f"This is not a Cadence dataloader state (missing {', '.join(missing)}); pass the dict "
+            "returned by the prepared dataloader's state_dict()."
+        )
+    if state["version"] != STATE_VERSION:
+        raise ValueError(
+            f"Dataloader state version {state['version']!r} is not supported (expected {STATE_VERSION})."
+        )
+    if len(state["generator_names"]) != len(state["generator_states"]):
+        raise ValueError("Corrupt dataloader state: generator names and states do not match.")
+    if not isinstance(state["batches_yielded"], int) or state["batches_yielded"] < 0:
+        raise ValueError(f"Corrupt dataloader state: batches_yielded={state['batches_yielded']!r}.")
