@@ -57,13 +57,23 @@ class GradScalerKwargs(KwargsHandler):
 
 @dataclass
 class InitProcessGroupKwargs(KwargsHandler):
-    """How the process group is created; `timeout` (a timedelta or seconds) defaults to 30 minutes."""
+    """How the process group is created; `timeout` (a timedelta or seconds) defaults to 30 minutes.
+
+    `stuck_timeout` (Cadence only; seconds or timedelta, 0 turns it off) is how long ranks may wait in a
+    collective that another rank does not join before every rank stops with a report (default 300 s;
+    see cadence.diagnostics).
+    """
 
     backend: str | None = "nccl"
     init_method: str | None = None
     timeout: timedelta | float | None = None
+    stuck_timeout: timedelta | float | None = None
 
     def __post_init__(self) -> None:
+        if self.stuck_timeout is not None:
+            from .diagnostics.settings import parse_seconds
+
+            parse_seconds(self.stuck_timeout, "InitProcessGroupKwargs.stuck_timeout")
         if self.timeout is not None and not isinstance(self.timeout, timedelta):
             seconds = float(self.timeout)
             if seconds <= 0:
@@ -84,6 +94,12 @@ class ProfileKwargs(KwargsHandler):
     with_flops: bool = False
     with_modules: bool = False
     output_trace_dir: str | None = None
+
+    def build(self) -> Any:
+        """A `torch.profiler.profile` configured from these settings (not started)."""
+        from .profiling import build_profiler
+
+        return build_profiler(self)
 
 
 @dataclass

@@ -46,6 +46,16 @@ _EXPORTS = {
     "find_executable_batch_size": "cadence.utils.memory",
     "release_memory": "cadence.utils.memory",
     "clear_device_cache": "cadence.utils.memory",
+    # which tracker packages are installed
+    "is_tensorboard_available": "cadence.tracking.registry",
+    "is_wandb_available": "cadence.tracking.registry",
+    "is_comet_ml_available": "cadence.tracking.registry",
+    "is_aim_available": "cadence.tracking.registry",
+    "is_mlflow_available": "cadence.tracking.registry",
+    "is_clearml_available": "cadence.tracking.registry",
+    "is_dvclive_available": "cadence.tracking.registry",
+    "is_swanlab_available": "cadence.tracking.registry",
+    "is_trackio_available": "cadence.tracking.registry",
     # data
     "skip_first_batches": "cadence.data",
     "find_batch_size": "cadence.data.batches",
