@@ -13,6 +13,7 @@ import torch
 from . import ops
 from .configs import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 from .enums import DistributedType
+from .input_errors import with_rank
 from .launch_config import read_launch_config
 from .state import AcceleratorState, GradientState
 
@@ -79,6 +80,10 @@ class Accelerator:
         self.device_placement = settings.device_placement
         self.dataloader_config = settings.dataloader_config
         self.project_configuration = settings.project_config
+        from .tracking import TrackerHub
+
+        # Before the process group starts, so a bad log_with fails without side effects.
+        self._tracker_hub = TrackerHub(settings.log_with, lambda: self.logging_dir)
         self.rng_types = settings.rng_types
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.ddp_handler = settings.handlers.get("DistributedDataParallelKwargs")
@@ -94,9 +99,16 @@ class Accelerator:
             mixed_precision=settings.mixed_precision,
             cpu=settings.cpu,
             dynamo_plugin=settings.dynamo_plugin,
+            deepspeed_plugin=settings.deepspeed_plugins,
+            fsdp_plugin=settings.fsdp_plugin,
+            parallelism_config=settings.parallelism_config,
             _from_accelerator=True,
             **init_kwargs,
         )
+        if self.state.parallelism_config is not None:
+            from .plugins.resolve import setup_device_mesh
+
+            setup_device_mesh(self)
         self.gradient_state = GradientState(
             gradient_accumulation_plugin=settings.accumulation_plugin
         )
@@ -109,12 +121,11 @@ class Accelerator:
         self._custom_objects: list[Any] = []
         self._save_model_state_pre_hook: dict[int, Any] = {}
         self._load_model_state_pre_hook: dict[int, Any] = {}
-        self.trackers: list[Any] = []
-        self.log_with = settings.log_with
         from .precision import PrecisionPolicy
 
+        engine_precision = self.distributed_type == DistributedType.DEEPSPEED  # the engine casts itself
         self.precision = PrecisionPolicy.create(
-            self.state.mixed_precision, self.device, self.scaler_handler, self.autocast_handler,
+            "no" if engine_precision else self.state.mixed_precision, self.device, self.scaler_handler, self.autocast_handler,
             self.fp8_recipe_handler,
         )  # fmt: skip
         self.scaler = self.precision.scaler
@@ -206,6 +217,8 @@ class Accelerator:
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}.")
         self.gradient_state.plugin_kwargs.update({"num_steps": steps})
 
     @property
@@ -218,7 +231,19 @@ class Accelerator:
 
     @property
     def is_fsdp2(self) -> bool:
-        return False
+        return self.state.is_fsdp2
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        return self.state.deepspeed_plugin
+
+    @property
+    def parallelism_config(self) -> Any:
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        return self.state.device_mesh
 
     # -- execution control ------------------------------------------------------------------------
     def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
@@ -310,7 +335,9 @@ class Accelerator:
         from .preparation import already_prepared_model
 
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"prepare_model() needs a torch.nn.Module, got {type(model).__name__}.")
+            raise TypeError(
+                with_rank(f"prepare_model() needs a torch.nn.Module, got {type(model).__name__}.")
+            )
         existing = already_prepared_model(self, model)
         if existing is not None:
             return existing
@@ -320,9 +347,10 @@ class Accelerator:
             self.verify_device_map(model)
             model = model.to(self.device)
         self.precision.wrap_forward(model)
-        model = self._strategy.wrap_model(model, evaluation_mode)
         if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
+            # Compiled inside the DDP wrapper: dynamo does not trace through DDP's own forward.
             model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
+        model = self._strategy.wrap_model(model, evaluation_mode)
         self._models.append(model)
         return model
 
@@ -333,7 +361,9 @@ class Accelerator:
 
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
-                f"prepare_optimizer() needs a torch.optim.Optimizer, got {type(optimizer).__name__}."
+                with_rank(
+                    f"prepare_optimizer() needs a torch.optim.Optimizer, got {type(optimizer).__name__}."
+                )
             )
         return wrap_optimizer(
             self, optimizer, self.device_placement if device_placement is None else device_placement
@@ -355,11 +385,16 @@ class Accelerator:
         if device_placement is None:
             device_placement = self.device_placement
         config = self.dataloader_config
+        process_index, num_processes = self.process_index, self.num_processes
+        if self.state.parallelism_config is not None:  # TP/CP ranks of one group read the same batches
+            from .strategies.mesh import data_parallel_coordinates
+
+            process_index, num_processes = data_parallel_coordinates(self)
         prepared = prepare_data_loader(
             data_loader,
             self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=num_processes,
+            process_index=process_index,
             split_batches=config.split_batches,
             put_on_device=device_placement,
             rng_types=list(self.rng_types),
@@ -389,14 +424,27 @@ class Accelerator:
         """The user's module inside whatever prepare() wrapped it in."""
         from .precision import remove_forward_wrapper
 
-        compiled = model if hasattr(model, "_orig_mod") else None
-        inner = model._orig_mod if compiled is not None else model
-        inner = self._strategy.unwrap(inner)
+        compiled = None
+        inner = model
+        while True:
+            if hasattr(inner, "_orig_mod"):
+                compiled = compiled or inner
+                inner = inner._orig_mod
+            elif self._strategy.is_wrapped(inner):
+                inner = self._strategy.unwrap(inner)
+            else:
+                break
         if not keep_fp32_wrapper:
             remove_forward_wrapper(inner)
         if compiled is not None and keep_torch_compile:
+            compiled._orig_mod = inner
             return compiled
         return inner
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's state dict. Sharded models (FSDP, tensor parallel, ZeRO-3) are gathered whole
+        on the main process, on CPU; the other processes may get an empty dict. Collective there."""
+        return self._strategy.state_dict(model, unwrap)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """True if the model was dispatched over several devices with a device map (cannot be trained here)."""
@@ -414,12 +462,24 @@ class Accelerator:
     # -- the training loop ------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Replace `loss.backward()`: scales for accumulation and fp16, then runs the backend's backward."""
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(
+                with_rank(f"backward() needs the loss tensor, got {type(loss).__name__}.")
+            )
         steps = self.gradient_state.num_steps
-        if steps > 1:
+        strategy = self._strategy
+        if steps > 1 and strategy.divides_loss_for_accumulation:
             loss = loss / steps
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        self._strategy.backward(loss, **kwargs)
+        if self._models and self.gradient_state.sync_gradients and self.state.use_distributed:
+            # The wrapped model all-reduces gradients during backward: the watchdog must see it.
+            with ops._ledger.entered("backward", None):
+                strategy.backward(loss, **kwargs)
+        else:
+            strategy.backward(loss, **kwargs)
+        if not strategy.divides_loss_for_accumulation:
+            return
         if self.gradient_state.sync_gradients and 0 < self._window_micro_steps < steps:
             self._reweight_partial_window(steps / self._window_micro_steps)
 
@@ -569,3 +629,45 @@ class Accelerator:
     def clear(self, *objects: Any) -> tuple[Any, ...]:
         """Alias of free_memory."""
         return self.free_memory(*objects)
+
+    # -- experiment tracking, profiling ----------------------------------------------------------------
+    @property
+    def trackers(self) -> list[Any]:
+        return self._tracker_hub.trackers
+
+    @property
+    def log_with(self) -> list[Any]:
+        return self._tracker_hub.log_with
+
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start a run named `project_name` on every tracker (main process only by default)."""
+        self._tracker_hub.init_trackers(project_name, config, init_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called `name` (its own run object with `unwrap=True`); a no-op stand-in elsewhere."""
+        return self._tracker_hub.get_tracker(name, unwrap)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Log `values` at `step` to every tracker."""
+        self._tracker_hub.log(values, step, log_kwargs)
+
+    def end_training(self) -> None:
+        """Finish the trackers, wait for pending checkpoint writes, and destroy the process group."""
+        self._tracker_hub.end_training()
+        self._wait_for_async_save()
+        self.state.destroy_process_group()
+
+    def _wait_for_async_save(self) -> None:
+        saver = self.__dict__.get("_async_saver")
+        if saver is not None:
+            saver.wait()
+
+    @contextmanager
+    def profile(self, profile_handler: Any = None):
+        """Profile the block with torch.profiler; writes a Chrome trace per rank if output_trace_dir is set."""
+        from .profiling import profile
+
+        with profile(profile_handler or self.profile_handler, self.state) as profiler:
+            yield profiler
