@@ -4,6 +4,7 @@ checkpoint, tracking and launch parts. Each method tells the user-facing story a
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -119,11 +120,13 @@ class Accelerator:
         self._schedulers: list[Any] = []
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
-        self._save_model_state_pre_hook: dict[int, Any] = {}
-        self._load_model_state_pre_hook: dict[int, Any] = {}
+        self._save_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
+        self._load_model_state_pre_hook: OrderedDict[int, Any] = OrderedDict()
         from .precision import PrecisionPolicy
 
-        engine_precision = self.distributed_type == DistributedType.DEEPSPEED  # the engine casts itself
+        engine_precision = (
+            self.distributed_type == DistributedType.DEEPSPEED
+        )  # the engine casts itself
         self.precision = PrecisionPolicy.create(
             "no" if engine_precision else self.state.mixed_precision, self.device, self.scaler_handler, self.autocast_handler,
             self.fp8_recipe_handler,
@@ -218,7 +221,9 @@ class Accelerator:
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}.")
+            raise ValueError(
+                f"gradient_accumulation_steps must be a positive integer, got {steps!r}."
+            )
         self.gradient_state.plugin_kwargs.update({"num_steps": steps})
 
     @property
@@ -386,7 +391,9 @@ class Accelerator:
             device_placement = self.device_placement
         config = self.dataloader_config
         process_index, num_processes = self.process_index, self.num_processes
-        if self.state.parallelism_config is not None:  # TP/CP ranks of one group read the same batches
+        if (
+            self.state.parallelism_config is not None
+        ):  # TP/CP ranks of one group read the same batches
             from .strategies.mesh import data_parallel_coordinates
 
             process_index, num_processes = data_parallel_coordinates(self)
@@ -671,3 +678,94 @@ class Accelerator:
 
         with profile(profile_handler or self.profile_handler, self.state) as profiler:
             yield profiler
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered
+        objects into one atomically committed folder; returns its path.
+
+        With ProjectConfiguration(automatic_checkpoint_naming=True) the folder is
+        `project_dir/checkpoints/checkpoint_<i>` and `total_limit` keeps the newest ones. Pass
+        `async_save=True` to write in the background (the next save, load or end_training waits).
+        """
+        from .checkpoint_flow import save_state
+
+        return save_state(self, output_dir, safe_serialization, **save_model_func_kwargs)
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        load_kwargs: dict | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> None:
+        """Restore everything save_state wrote, after verifying the whole checkpoint (the newest complete
+        one when `input_dir` is None). Files holding pickles load only with `allow_pickle=True`."""
+        from .checkpoint_flow import load_state
+
+        load_state(self, input_dir, load_kwargs, **load_model_func_kwargs)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load these objects (anything with state_dict / load_state_dict) with the state."""
+        from .checkpoint_flow import check_checkpointable
+
+        check_checkpointable(objects)
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Any) -> Any:
+        """`hook(models, weights, output_dir)` runs before save_state writes; returns a removable handle."""
+        return self._register_hook(self._save_model_state_pre_hook, hook)
+
+    def register_load_state_pre_hook(self, hook: Any) -> Any:
+        """`hook(models, input_dir)` runs before load_state loads; returns a removable handle."""
+        return self._register_hook(self._load_model_state_pre_hook, hook)
+
+    @staticmethod
+    def _register_hook(hooks: dict, hook: Any) -> Any:
+        from torch.utils.hooks import RemovableHandle
+
+        if not callable(hook):
+            raise TypeError(f"A state hook must be callable, got {type(hook).__name__}.")
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """`torch.save` (or safetensors) on the main process only, or once per machine with save_on_each_node."""
+        from .checkpointing import save
+
+        if self.project_configuration.save_on_each_node:
+            should_write = self.is_local_main_process
+        else:
+            should_write = self.is_main_process
+        if should_write:
+            save(obj, f, safe_serialization=safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights as (sharded) safetensors with an index, for load_checkpoint_in_model."""
+        from .checkpointing import parse_shard_size, save_model
+
+        parse_shard_size(
+            max_shard_size
+        )  # on every rank, so no rank waits for a failed main process
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_model needs a directory, but {save_directory} is a file.")
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model(
+                state_dict,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        self.wait_for_everyone()

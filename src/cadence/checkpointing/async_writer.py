@@ -1,0 +1,234 @@
+"""Asynchronous saving: copy the state to CPU memory, write and commit it in a background thread.
+
+Training is blocked only for the copy. The commit rules are unchanged (files, then the manifest,
+then the rename), so a process killed while the thread writes leaves the previous checkpoint
+intact. One save runs at a time: `wait()` (called by the next save and at the end of training)
+blocks until the previous one is committed and re-raises its error, if it had one.
+
+    saver = AsyncCheckpointSaver()
+    saver.wait()
+    files = saver.snapshot({"model.safetensors": weights, "optimizer.bin": optim_state})
+    writer = begin_checkpoint(final_dir, token=token, rank=rank)
+    saver.submit(write_and_commit, writer, files, world_size=n, commit=rank == 0, timeout=600)
+
+`submit_deferred(live_files, write_and_commit, writer, ...)` makes the copy in the background too
+and returns at once; the caller then calls `fence()` before the next in-place update of those
+tensors (before optimizer.step()).
+
+No collective runs in the thread: the committing process waits for the other ranks' markers.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .atomic import CheckpointWriter
+
+logger = logging.getLogger(__name__)
+
+
+def write_files(writer: CheckpointWriter, files: Mapping[str, Any]) -> None:
+    """Write `{file name: payload}` with the writer: `.safetensors` names hold a dict of tensors,
+    `.json` names a JSON value, bytes are written as they are, anything else through torch.save."""
+    for name, payload in files.items():
+        if name.endswith(".safetensors"):
+            writer.save_tensors(name, payload)
+        elif name.endswith(".json"):
+            writer.save_json(name, payload)
+        elif isinstance(payload, (bytes, bytearray, memoryview)):
+            writer.save_bytes(name, bytes(payload))
+        else:
+            writer.save_object(name, payload)
+
+
+def write_and_commit(
+    writer: CheckpointWriter,
+    files: Mapping[str, Any],
+    *,
+    commit: bool,
+    world_size: int = 1,
+    ranks=None,
+    timeout: float = 0.0,
+    metadata: Mapping[str, Any] | None = None,
+    after_commit: Callable[[], Any] | None = None,
+) -> None:
+    """Write this rank's files, mark them done, and (on the committing rank) commit, then run
+    `after_commit` (e.g. rotation). On failure the temporary folder is removed."""
+    try:
+        write_files(writer, files)
+        writer.rank_done()
+        if commit:
+            writer.commit(world_size, ranks=ranks, timeout=timeout, metadata=metadata)
+            if after_commit is not None:
+                after_commit()
+    except BaseException:
+        writer.abort()  # this save is lost either way; the previous checkpoint stays
+        raise
+
+
+class _Staging:
+    """CPU buffers reused from one snapshot to the next (fresh memory costs page faults)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, Any] = {}
+        self._used: set[tuple] = set()
+
+    def copy(self, key: tuple, tensor, non_blocking: bool):
+        import torch
+
+        pin = tensor.device.type == "cuda"
+        buf = self._buffers.get(key)
+        if (
+            buf is None
+            or buf.shape != tensor.shape
+            or buf.dtype != tensor.dtype
+            or buf.is_pinned() != pin
+            or key in self._used
+        ):
+            buf = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+            self._buffers[key] = buf
+        self._used.add(key)
+        buf.copy_(tensor.detach(), non_blocking=pin and non_blocking)
+        return buf
+
+    def finish(self) -> None:
+        for key in set(self._buffers) - self._used:
+            del self._buffers[key]  # drop buffers of state that no longer exists
+        self._used.clear()
+
+
+class AsyncCheckpointSaver:
+    """Runs at most one save at a time in a background thread."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._staging = _Staging()
+        self._cuda_event = None
+        self._staged: threading.Event | None = None
+
+    @property
+    def in_progress(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def snapshot(self, state: Any) -> Any:
+        """A copy of `state` whose tensors live in CPU memory, safe to write while training goes on.
+
+        Tensors sharing memory stay shared in the copy. Call wait() first: buffers of the previous
+        snapshot are reused.
+        """
+        if self.in_progress:
+            raise RuntimeError("snapshot() while a save is running: call wait() first.")
+        result, uses_cuda = self._copy(state, non_blocking=True)
+        if uses_cuda:
+            import torch
+
+            # Copies were queued on the current stream; the writer thread waits for this event,
+            # and later in-place updates on the stream run after the copies.
+            self._cuda_event = torch.cuda.Event()
+            self._cuda_event.record()
+        return result
+
+    def _copy(self, state: Any, non_blocking: bool) -> tuple[Any, bool]:
+        import torch
+
+        seen: dict[int, Any] = {}
+        uses_cuda = False
+
+        def walk(obj: Any, path: tuple) -> Any:
+            nonlocal uses_cuda
+            if isinstance(obj, torch.Tensor):
+                if id(obj) in seen:
+                    return seen[id(obj)]
+                uses_cuda |= obj.device.type == "cuda"
+                out = self._staging.copy(path, obj, non_blocking)
+                seen[id(obj)] = out
+                return out
+            if isinstance(obj, Mapping):
+                items = [(k, walk(v, (*path, k))) for k, v in obj.items()]
+                try:
+                    return type(obj)(items)
+                except TypeError:
+                    return dict(items)
+            if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+                return type(obj)(*(walk(v, (*path, i)) for i, v in enumerate(obj)))
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(walk(v, (*path, i)) for i, v in enumerate(obj))
+            if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.dtype)):
+                return obj
+            return copy.deepcopy(obj)
+
+        result = walk(state, ())
+        self._staging.finish()
+        return result, uses_cuda
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Run fn(*args, **kwargs) in the background after the previous save finished."""
+        self.wait()
+        event, self._cuda_event = self._cuda_event, None
+        self._start(fn, args, kwargs, before=event.synchronize if event is not None else None)
+
+    def submit_deferred(
+        self, live_state: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
+        """Like submit(fn, *args, snapshot(live_state), **kwargs) (the copy goes last among the
+        positional arguments), but the copy is made by the background thread, so this returns at
+        once. For example: submit_deferred(files, write_and_commit, writer, commit=True).
+
+        Until fence() returns, `live_state`'s tensors must not change in place: call fence() before
+        the next optimizer.step(). Tensors that change earlier (buffers updated by forward) belong
+        in a snapshot() passed through `args` instead.
+        """
+        self.wait()
+        staged = threading.Event()
+        self._staged = staged
+        holder: list[Any] = []
+
+        def copy_first() -> None:
+            try:
+                holder.append(self._copy(live_state, non_blocking=False)[0])
+            except BaseException:
+                for arg in args:  # the save will not happen: drop its temporary folder
+                    if isinstance(arg, CheckpointWriter):
+                        arg.abort()
+                raise
+            finally:
+                staged.set()
+
+        self._start(lambda: fn(*args, holder[0], **kwargs), (), {}, before=copy_first)
+
+    def fence(self) -> None:
+        """Block until the background copy of submit_deferred's state is made (at once if none)."""
+        if self._staged is not None:
+            self._staged.wait()
+
+    def _start(self, fn, args, kwargs, before) -> None:
+        def run() -> None:
+            try:
+                if before is not None:
+                    before()
+                fn(*args, **kwargs)
+            except BaseException as e:  # kept for wait(); logged in case nobody waits
+                self._error = e
+                logger.error("Asynchronous checkpoint save failed: %s", e)
+
+        # Not a daemon: an interpreter exiting normally finishes the save before it stops.
+        self._thread = threading.Thread(target=run, name="cadence-async-save", daemon=False)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the running save (if any) is done; raise its error here."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        self._staged = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            if hasattr(error, "add_note"):
+                error.add_note("(raised by the previous asynchronous checkpoint save)")
+            raise error

@@ -1,0 +1,39 @@
+"""Errors raised by the checkpoint storage layer.
+
+Every message names the checkpoint folder, the file and what is wrong, so a user who sees one
+knows whether to pick another checkpoint, re-save, or (for pickles) opt in explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class CheckpointError(Exception):
+    """A checkpoint folder cannot be used. `problems` lists one line per file that is wrong."""
+
+    def __init__(self, message: str, *, path: str | os.PathLike | None = None, problems=()):
+        super().__init__(message)
+        self.path = None if path is None else os.fspath(path)
+        self.problems = list(problems)
+
+
+class CheckpointIncompleteError(CheckpointError):
+    """The save never finished: the manifest or a file it lists is missing."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The checkpoint was committed but a file changed since: wrong size, wrong checksum, unreadable."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A file holds Python objects that can only be restored by unpickling, and no opt-in was given."""
+
+
+class CheckpointCommitError(CheckpointError):
+    """Committing failed: a process did not finish writing its part, or two processes wrote one file."""
+
+
+def describe_problems(header: str, problems: list[str]) -> str:
+    """One message: a header line, then each problem on its own indented line."""
+    return header + "".join(f"\n  - {p}" for p in problems)

@@ -1,0 +1,383 @@
+"""Safe reading and writing of tensors and state.
+
+Weights go to safetensors (no code can hide in them). Everything else goes through `torch.save` and
+comes back through `torch.load(weights_only=True)`, which rebuilds tensors, containers and plain
+values only (numpy arrays and dtypes are allowed too: they are data). A file that needs real
+unpickling is refused unless the caller opts in with `allow_pickle=True`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import random
+import threading
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import CheckpointCorruptError, UnsafeCheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+SAFETENSORS_METADATA = {"format": "pt"}
+
+
+# --------------------------------------------------------------------------- shared tensors
+def _storage_key(tensor: torch.Tensor):
+    try:
+        storage = tensor.untyped_storage()
+        return (tensor.device, storage.data_ptr(), storage.nbytes())
+    except (NotImplementedError, RuntimeError):
+        return None  # meta or tensor subclasses without storage: never treated as shared
+
+
+def _view_key(tensor: torch.Tensor):
+    return (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+
+
+def dedupe_shared_tensors(
+    state_dict: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Make a state dict storable by safetensors, which refuses tensors that share memory.
+
+    Exact aliases (tied weights: same memory, same view) keep only their first name, as the
+    reference does; the returned map says which name each dropped one aliased. Tensors that share
+    memory but are different views (slices of one buffer) are copied instead of dropped, so no data
+    is lost.
+    """
+    import torch
+
+    out: dict[str, Any] = {}
+    removed: dict[str, str] = {}
+    first_by_storage: dict[Any, dict[Any, str]] = {}
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+            out[name] = value
+            continue
+        key = _storage_key(value)
+        if key is None:
+            out[name] = value
+            continue
+        views = first_by_storage.setdefault(key, {})
+        view = _view_key(value)
+        if view in views:
+            removed[name] = views[view]
+            continue
+        if views:  # a different view of memory already stored: store a copy
+            value = value.clone()
+        views[view] = name
+        out[name] = value
+    if removed:
+        logger.warning(
+            "Removed shared tensor(s) %s while saving (they alias %s); they are restored from "
+            "the tensor they share memory with when loaded into the same model.",
+            sorted(removed),
+            sorted(set(removed.values())),
+        )
+    return out, removed
+
+
+# --------------------------------------------------------------------------- safetensors
+def _is_tensor_dict(obj: Any) -> bool:
+    import torch
+
+    return isinstance(obj, Mapping) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()
+    )
+
+
+def write_safetensors(
+    path: str | os.PathLike,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """Write a dict of tensors as safetensors (aliases removed, views made contiguous)."""
+    from safetensors.torch import save_file
+
+    if not _is_tensor_dict(tensors):
+        bad = (
+            type(tensors).__name__
+            if not isinstance(tensors, Mapping)
+            else ", ".join(
+                f"{k!r}: {type(v).__name__}"
+                for k, v in tensors.items()
+                if not isinstance(k, str) or type(v).__module__.split(".")[0] != "torch"
+            )[:300]
+        )
+        raise TypeError(
+            f"safetensors stores a dict of str -> torch.Tensor only; got {bad}. Save other state "
+            "with safe_serialization=False (torch.save, loaded back with weights_only=True)."
+        )
+    clean, _ = dedupe_shared_tensors(tensors)
+    clean = {k: v if v.is_contiguous() else v.contiguous() for k, v in clean.items()}
+    meta = dict(SAFETENSORS_METADATA if metadata is None else metadata)
+    save_file(clean, os.fspath(path), metadata=meta)
+
+
+def read_safetensors(path: str | os.PathLike, device: str | int = "cpu") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(os.fspath(path), device=device)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for bad headers
+        raise CheckpointCorruptError(
+            f"Cannot read safetensors file {path}: {e}", path=Path(path).parent
+        ) from e
+
+
+# --------------------------------------------------------------------------- torch.save / load
+@contextmanager
+def _torch_save_without_crc():
+    """Our manifest checksums the whole file, so torch's per-record CRC is redundant and slow."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        yield
+        return
+    with config.patch({"save.compute_crc32": False}):
+        yield
+
+
+def write_torch(path: str | os.PathLike, obj: Any) -> None:
+    """torch.save into a checkpoint folder (the folder-level manifest replaces torch's CRC)."""
+    import torch
+
+    with _torch_save_without_crc():
+        torch.save(obj, os.fspath(path))
+
+
+def _numpy_safe_globals() -> list:
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    allowed = [np.ndarray, np.dtype, core.multiarray._reconstruct, core.multiarray.scalar]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        allowed += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType")]
+    return allowed
+
+
+def _describe_source(f) -> str:
+    return os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f)
+
+
+def read_torch(
+    f: str | os.PathLike | io.IOBase,
+    map_location: Any = None,
+    *,
+    allow_pickle: bool = False,
+    **torch_load_kwargs: Any,
+) -> Any:
+    """torch.load with weights_only=True; arbitrary unpickling only with `allow_pickle=True`.
+
+    Passing weights_only=False in `torch_load_kwargs` counts as the opt-in too (it is what
+    `load_state(load_kwargs={"weights_only": False})` passes down).
+    """
+    import torch
+
+    weights_only = torch_load_kwargs.pop("weights_only", None)
+    if weights_only is False:
+        allow_pickle = True
+    source = _describe_source(f)
+    if allow_pickle:
+        return torch.load(f, map_location=map_location, weights_only=False, **torch_load_kwargs)
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            return torch.load(f, map_location=map_location, weights_only=True, **torch_load_kwargs)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
+        unsafe = _unsafe_globals(f)
+        raise UnsafeCheckpointError(
+            f"Refusing to load {source}: it holds Python objects"
+            + (f" ({', '.join(unsafe[:5])})" if unsafe else "")
+            + " that only full unpickling can restore, and unpickling can run arbitrary code. "
+            "If you trust this file, opt in with allow_pickle=True (for Accelerator.load_state: "
+            "load_kwargs={'weights_only': False}).",
+            path=Path(source).parent if isinstance(f, (str, os.PathLike)) else None,
+        ) from e
+    except RuntimeError as e:
+        if "PytorchStreamReader" in str(e) or "zip archive" in str(e):
+            raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
+        raise
+
+
+def _unsafe_globals(f) -> list[str]:
+    import torch
+
+    if not isinstance(f, (str, os.PathLike)):
+        return []
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(os.fspath(f)))
+    except Exception:
+        return []
+
+
+# --------------------------------------------------------------------------- public save / load
+def save(obj: Any, f: str | os.PathLike | io.IOBase, safe_serialization: bool = False) -> None:
+    """Write `obj` to `f` in place of torch.save; safetensors when `safe_serialization`.
+
+    A path is written atomically (temporary file, then rename), so readers never see half a file.
+    Who writes (once per machine or per node) is the caller's decision.
+    """
+    import torch
+
+    if safe_serialization:
+        if not _is_tensor_dict(obj):
+            raise TypeError(
+                "save(..., safe_serialization=True) stores a dict of str -> torch.Tensor only, "
+                f"got {type(obj).__name__}. Use safe_serialization=False for other objects."
+            )
+        if isinstance(f, (str, os.PathLike)):
+            _replace_atomically(f, lambda tmp: write_safetensors(tmp, obj))
+        else:
+            from safetensors.torch import save as to_bytes
+
+            clean, _ = dedupe_shared_tensors(obj)
+            clean = {k: v.contiguous() for k, v in clean.items()}
+            f.write(to_bytes(clean, metadata=dict(SAFETENSORS_METADATA)))
+        return
+    if isinstance(f, (str, os.PathLike)):
+        _replace_atomically(f, lambda tmp: torch.save(obj, tmp))
+    else:
+        torch.save(obj, f)
+
+
+def _replace_atomically(path: str | os.PathLike, write) -> None:
+    """Call write(temporary path) next to `path`, then rename over `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{threading.get_ident()}")
+    try:
+        write(os.fspath(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load(
+    f: str | os.PathLike | io.IOBase,
+    map_location: Any = None,
+    *,
+    allow_pickle: bool = False,
+    **torch_load_kwargs: Any,
+) -> Any:
+    """Read what `save` wrote: safetensors files by their suffix, others via read_torch."""
+    if isinstance(f, (str, os.PathLike)) and os.fspath(f).endswith(".safetensors"):
+        device = "cpu" if map_location is None else map_location
+        return read_safetensors(f, device=str(device) if not isinstance(device, int) else device)
+    return read_torch(f, map_location, allow_pickle=allow_pickle, **torch_load_kwargs)
+
+
+# --------------------------------------------------------------------------- model weights
+def apply_model_state(
+    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True
+) -> tuple[list[str], list[str]]:
+    """model.load_state_dict that knows tied weights: a key missing from the file because it aliases
+    another parameter of the model (dropped at save time) is filled from that parameter's entry.
+
+    Returns (missing_keys, unexpected_keys) like load_state_dict.
+    """
+    own = model.state_dict(keep_vars=True)
+    state = dict(state_dict)
+    by_storage: dict[Any, list[str]] = {}
+    for name, tensor in own.items():
+        key = _storage_key(tensor)
+        if key is not None:
+            by_storage.setdefault((key, _view_key(tensor)), []).append(name)
+    for names in by_storage.values():
+        present = [n for n in names if n in state]
+        if present:
+            for n in names:
+                state.setdefault(n, state[present[0]])
+    result = model.load_state_dict(state, strict=strict)
+    return list(result.missing_keys), list(result.unexpected_keys)
+
+
+# --------------------------------------------------------------------------- RNG state
+def capture_rng_state(step: int | None = None) -> dict[str, Any]:
+    """RNG states of this process (python, numpy, torch, accelerators) as tensors and plain values.
+
+    Same keys as the reference's random_states file, but loadable with weights_only=True without
+    any numpy global: the numpy key array is stored as a tensor.
+    """
+    import torch
+
+    state: dict[str, Any] = {}
+    if step is not None:
+        state["step"] = int(step)
+    state["random_state"] = random.getstate()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy_random_seed"] = (
+            str(kind),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        )
+    except ImportError:
+        pass
+    state["torch_manual_seed"] = torch.get_rng_state()
+    for device_type in _accelerator_types():
+        module = getattr(torch, device_type)
+        state[f"torch_{device_type}_manual_seed"] = module.get_rng_state_all()
+    return state
+
+
+def _accelerator_types() -> list[str]:
+    import torch
+
+    found = []
+    for device_type in ("cuda", "xpu", "mlu", "npu", "musa", "hpu"):
+        module = getattr(torch, device_type, None)
+        try:
+            if module is not None and module.is_available():
+                found.append(device_type)
+        except Exception:
+            continue
+    return found
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of capture_rng_state. Accelerator states are restored when the device is present."""
+    import torch
+
+    version, internal, gauss = state["random_state"]
+    random.setstate((version, tuple(internal), gauss))
+    if "numpy_random_seed" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy_random_seed"]
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+        np.random.set_state((kind, keys.astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(state["torch_manual_seed"])
+    for key, value in state.items():
+        if key.startswith("torch_") and key.endswith("_manual_seed") and key != "torch_manual_seed":
+            device_type = key[len("torch_") : -len("_manual_seed")]
+            module = getattr(torch, device_type, None)
+            try:
+                available = module is not None and module.is_available()
+            except Exception:
+                available = False
+            if available:
+                module.set_rng_state_all(value)
+            else:
+                logger.warning(
+                    "Checkpoint has %s RNG state but no %s device is available; skipped.",
+                    device_type,
+                    device_type,
+                )
