@@ -31,18 +31,39 @@ def _barrier_kwargs(state: PartialState) -> dict[str, Any]:
 def barrier(
     state: PartialState, timeout: float | timedelta | None = None, group: Any = None
 ) -> None:
+    if timeout is not None:  # checked on one process too, so the mistake shows before scaling up
+        timeout = _checked_timeout(timeout)
     if not state.use_distributed:
         return
     from .diagnostics.ledger import ledger
+    from .diagnostics.precheck import check_collective
 
-    with ledger.entered("wait_for_everyone", ()):
+    if timeout is not None and not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    seconds = None if timeout is None else timeout.total_seconds()
+    with ledger.entered("wait_for_everyone", None, timeout=seconds) as entry:
         if timeout is not None and state.backend == "gloo":
-            seconds = (
-                timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
-            )
-            dist.monitored_barrier(group=group, timeout=seconds, wait_all_ranks=True)
-        else:
+            dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)
+        elif group is not None or not check_collective(entry, state, signature="barrier"):
+            # (on gloo the check's handshake is itself a barrier: no second round trip)
             dist.barrier(group=group, **_barrier_kwargs(state))
+
+
+def _checked_timeout(timeout: Any) -> timedelta:
+    from .input_errors import with_rank
+
+    try:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(
+            with_rank(
+                f"wait_for_everyone(timeout={timeout!r}): the timeout must be a positive number of "
+                "seconds or a timedelta (or None to wait as long as the process group allows)."
+            )
+        )
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=seconds)
 
 
 def _node_group(state: PartialState) -> Any:

@@ -42,8 +42,16 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_state_option: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
-        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
+        for name in ("comm_hook", "comm_wrapper"):
+            value = getattr(self, name)
+            try:
+                setattr(self, name, DDPCommunicationHookType(value))
+            except ValueError:
+                choices = ", ".join(repr(member.value) for member in DDPCommunicationHookType)
+                raise ValueError(
+                    f"DistributedDataParallelKwargs({name}={value!r}) is not a communication hook: use "
+                    f"one of {choices} (or a DDPCommunicationHookType)."
+                ) from None
 
 
 @dataclass
@@ -75,10 +83,14 @@ class InitProcessGroupKwargs(KwargsHandler):
 
             parse_seconds(self.stuck_timeout, "InitProcessGroupKwargs.stuck_timeout")
         if self.timeout is not None and not isinstance(self.timeout, timedelta):
-            seconds = float(self.timeout)
-            if seconds <= 0:
+            try:
+                seconds = float(self.timeout)
+            except (TypeError, ValueError):
+                seconds = float("nan")
+            if not 0 < seconds < float("inf"):  # also refuses NaN and text
                 raise ValueError(
-                    f"InitProcessGroupKwargs.timeout must be positive, got {self.timeout!r}."
+                    f"InitProcessGroupKwargs.timeout must be a positive number of seconds or a "
+                    f"timedelta, got {self.timeout!r}."
                 )
             self.timeout = timedelta(seconds=seconds)
 

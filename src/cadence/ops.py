@@ -9,16 +9,16 @@ import torch
 import torch.distributed as dist
 
 from .diagnostics import ledger as _ledger_module
+from .diagnostics.errors import DistributedOperationException as DistributedOperationException
+from .diagnostics.precheck import check_collective
+from .diagnostics.signature import describe_dimensions
+from .input_errors import with_rank
 from .state import PartialState
 
 _ledger = _ledger_module.ledger
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCTIONS = ("sum", "mean", "none", "max")
-
-
-class DistributedOperationException(RuntimeError):
-    """Ranks called a collective with incompatible inputs (raised on every rank)."""
 
 
 def is_tensor(value: Any) -> bool:
@@ -70,9 +70,11 @@ def recursively_apply(
         return func(data, *args, **kwargs)
     if error_on_other_type:
         raise TypeError(
-            f"Unsupported type {type(data).__name__} passed to `{getattr(func, '__name__', func)}`: "
-            "only tensors nested in lists, tuples and dicts can go through this collective. "
-            "Use gather_object / broadcast_object_list for arbitrary Python objects."
+            with_rank(
+                f"Unsupported type {type(data).__name__} passed to `{getattr(func, '__name__', func)}`: "
+                "only tensors nested in lists, tuples and dicts can go through this collective. "
+                "Use gather_object / broadcast_object_list for arbitrary Python objects."
+            )
         )
     return data
 
@@ -114,26 +116,6 @@ def describe(data: Any) -> Any:
         data,
         test_type=is_tensor,
     )
-
-
-def _check_same_everywhere(operation: str, data: Any, state: Any, compare: Callable | None = None):
-    """Debug mode: every rank passes the same structure and shapes, else every rank raises."""
-    signature = describe(data)
-    everyone: list[Any] = [None] * state.num_processes
-    dist.all_gather_object(everyone, (operation, signature))
-    ok = all(other == everyone[0] for other in everyone) if compare is None else compare(everyone)
-    if not ok:
-        lines = "\n".join(f"  rank {rank}: {op} {sig}" for rank, (op, sig) in enumerate(everyone))
-        raise DistributedOperationException(
-            f"[rank {state.process_index}] Cannot apply {operation}: the ranks passed incompatible "
-            f"inputs (operation, then shapes and dtypes per rank):\n{lines}\n"
-            "Make every rank pass tensors of the same shape (see pad_across_processes)."
-        )
-
-
-def _debug_check(operation: str, data: Any, state: Any) -> None:
-    if state.debug and state.use_distributed:
-        _check_same_everywhere(operation, data, state)
 
 
 # -- device moves ------------------------------------------------------------------------------
@@ -186,8 +168,8 @@ def gather(tensor: Any) -> Any:
     if not state.use_distributed:
         recursively_apply(lambda t: t, tensor, error_on_other_type=True)
         return tensor
-    with _ledger.entered("gather", None):
-        _debug_check("gather", tensor, state)
+    with _ledger.entered("gather", tensor) as entry:
+        check_collective(entry, state)
         return recursively_apply(_gather_one, tensor, state.num_processes, error_on_other_type=True)
 
 
@@ -196,7 +178,8 @@ def gather_object(object: Any) -> Any:
     state = _state()
     if not state.use_distributed:
         return object
-    with _ledger.entered("gather_object", None):
+    with _ledger.entered("gather_object") as entry:
+        check_collective(entry, state, signature="any object")
         everyone: list[Any] = [None] * state.num_processes
         dist.all_gather_object(everyone, object)
     if all(isinstance(o, (list, tuple)) for o in everyone):
@@ -211,8 +194,10 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, num_processes: int) -> tor
     if reduction == "mean":
         if not (result.is_floating_point() or result.is_complex()):
             raise TypeError(
-                f"reduce(..., reduction='mean') needs floating-point tensors, got {result.dtype}; "
-                "convert with .float() first."
+                with_rank(
+                    f"reduce(..., reduction='mean') needs floating-point tensors, got {result.dtype}; "
+                    "convert with .float() first."
+                )
             )
         result /= num_processes
     return result
@@ -225,12 +210,16 @@ def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     sums, without dividing).
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(f"Unknown reduction {reduction!r}: use one of 'sum', 'mean' or 'none'.")
+        raise ValueError(
+            with_rank(
+                f"Unknown reduction {reduction!r}: use one of {', '.join(map(repr, REDUCTIONS))}."
+            )
+        )
     state = _state()
     if not state.use_distributed:
         return recursively_apply(torch.Tensor.clone, tensor, error_on_other_type=True)
-    with _ledger.entered("reduce", None):
-        _debug_check("reduce", tensor, state)
+    with _ledger.entered("reduce", tensor) as entry:
+        check_collective(entry, state, arguments=f"reduction={reduction!r}")
         return recursively_apply(
             _reduce_one, tensor, reduction, state.num_processes, error_on_other_type=True
         )
@@ -247,8 +236,8 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
         dist.broadcast(t, src=from_process)
         return t
 
-    with _ledger.entered("broadcast", None):
-        _debug_check("broadcast", tensor, state)
+    with _ledger.entered("broadcast", tensor) as entry:
+        check_collective(entry, state, arguments=f"from_process={from_process}")
         return recursively_apply(one, tensor, error_on_other_type=True)
 
 
@@ -262,7 +251,13 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     if not state.use_distributed:
         return object_list
     _check_rank(from_process, state)
-    with _ledger.entered("broadcast_object_list", None):
+    with _ledger.entered("broadcast_object_list") as entry:
+        check_collective(
+            entry,
+            state,
+            signature=f"list of {len(object_list)}",
+            arguments=f"from_process={from_process}",
+        )
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -270,7 +265,9 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 def _check_rank(rank: int, state: Any) -> None:
     if not isinstance(rank, int) or not 0 <= rank < state.num_processes:
         raise ValueError(
-            f"from_process={rank!r} is not a rank of this job (0 to {state.num_processes - 1})."
+            with_rank(
+                f"from_process={rank!r} is not a rank of this job (0 to {state.num_processes - 1})."
+            )
         )
 
 
@@ -294,15 +291,18 @@ def pad_across_processes(
     tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
 ) -> Any:
     """Pad each tensor along `dim` to the largest size any rank has, so they can be gathered."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(
+            with_rank(f"pad_across_processes(dim=...) must be an integer, got {dim!r}.")
+        )
     state = _state()
     if not state.use_distributed:
         recursively_apply(lambda t: t, tensor, error_on_other_type=True)
         return tensor
-    with _ledger.entered("pad_across_processes", None):
-        if state.debug:
-            _check_same_everywhere(
-                "pad_across_processes", recursively_apply(lambda t: t.ndim, tensor), state
-            )
+    with _ledger.entered("pad_across_processes", tensor) as entry:
+        check_collective(
+            entry, state, signature=describe_dimensions(tensor), arguments=f"dim={dim}"
+        )
         return recursively_apply(
             _pad_one, tensor, dim, pad_index, pad_first, error_on_other_type=True
         )

@@ -87,6 +87,9 @@ class PartialState:
         launch = read_launch_config()
         cpu = bool(cpu or launch.get("use_cpu") or env_flag("ACCELERATE_USE_CPU"))
         topology = detect_topology()
+        from .diagnostics.settings import resolve_watch_settings
+
+        watch = resolve_watch_settings(kwargs.get("stuck_timeout"), launch)  # fails before side effects
         self.debug = bool(
             launch.get("debug") or env_flag("CADENCE_DEBUG") or env_flag("ACCELERATE_DEBUG_MODE")
         )
@@ -105,6 +108,10 @@ class PartialState:
         self.distributed_type = _distributed_type_for(self.backend, self.num_processes)
         self.use_cpu = cpu or self.device.type == "cpu"
         self._check_launch_expectations(launch)
+        if self.use_distributed:
+            from .diagnostics.watchdog import start_watchdog
+
+            start_watchdog(self, watch)
 
     # -- set-up ---------------------------------------------------------------------------------
     def _adopt_process_group(self, topology: Topology, cpu: bool) -> None:
@@ -330,7 +337,16 @@ class AcceleratorState:
         self.torch_tp_plugin = torch_tp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
         self.parallelism_config = parallelism_config
+        self.device_mesh = None
         self.partial_state = partial
+        if deepspeed_plugin is not None or fsdp_plugin is not None or parallelism_config is not None:
+            from .plugins.resolve import ParallelPlugins, configure_state
+
+            try:
+                configure_state(self, ParallelPlugins(fsdp_plugin, deepspeed_plugin, parallelism_config))
+            except BaseException:
+                self._shared_state.clear()
+                raise
 
     initialized = PartialState.initialized
     use_distributed = PartialState.use_distributed
@@ -341,7 +357,53 @@ class AcceleratorState:
 
     @property
     def mixed_precision(self) -> str:
+        if self.distributed_type == DistributedType.DEEPSPEED and self._mixed_precision != "fp8":
+            config = self.deepspeed_plugin.deepspeed_config
+            for name in ("fp16", "bf16"):
+                if str(config.get(name, {}).get("enabled", False)).lower() == "true":
+                    return name
+            return "no"
         return self._mixed_precision
+
+    # -- sharded / model-parallel backends -----------------------------------------------------------
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.distributed_type == DistributedType.FSDP and self.fsdp_plugin.fsdp_version == 2
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeedPlugin (None when not training with DeepSpeed)."""
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            return None
+        plugins = self.deepspeed_plugins
+        if not isinstance(plugins, dict):
+            return plugins
+        return next(plugin for plugin in plugins.values() if plugin.selected)
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        self._require_named_deepspeed_plugins()
+        return self.deepspeed_plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the DeepSpeedPlugin called `name` the active one (for the next prepare())."""
+        self._require_named_deepspeed_plugins()
+        if name not in self.deepspeed_plugins:
+            raise KeyError(
+                f"No DeepSpeedPlugin called {name!r}; the names are {', '.join(self.deepspeed_plugins)}."
+            )
+        for key, plugin in self.deepspeed_plugins.items():
+            if key != name:
+                plugin._unselect()
+        self.deepspeed_plugins[name].select(_from_accelerator_state=True)
+
+    def _require_named_deepspeed_plugins(self) -> None:
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            raise ValueError("This needs DeepSpeed: pass deepspeed_plugin(s) to the Accelerator.")
+        if not isinstance(self.deepspeed_plugins, dict):
+            raise ValueError(
+                "Only one DeepSpeedPlugin was given; pass deepspeed_plugins={'name': plugin, ...} to "
+                "have several."
+            )
 
     def __getattr__(self, name: str) -> Any:
         # Execution-control methods are PartialState's; this only runs for names not found normally.

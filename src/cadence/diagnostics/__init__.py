@@ -1,1 +1,34 @@
-"""Cross-rank diagnosis: the per-rank ledger of collectives, structure checks, stuck-rank reports."""
+"""No silent hangs: cross-rank diagnosis of failures, stuck ranks and mismatched collectives.
+
+Always on when a job has more than one process (started by PartialState):
+
+- the **ledger** (ledger.py): each Cadence collective and barrier, and each backward pass that
+  all-reduces gradients, is numbered and remembered with its inputs and caller (cheap: a counter and
+  references; described only when needed);
+- the **watchdog** (watchdog.py): a daemon thread per rank that publishes the rank's state through the
+  store the process group was created with (a side channel that works while the group is blocked) and
+  stops every rank with a report when the job cannot go on: ranks in different collectives, a rank
+  that ended, ranks out of step, or ranks waiting in a collective that another rank has not joined
+  within the stuck timeout — "rank 1 is at train.py:88 (not in a collective); ranks 0, 2, 3 wait in
+  gather #1042 at train.py:120";
+- **fail fast** (hooks.py): an uncaught exception on one rank is recorded, and the other ranks stop
+  within a watchdog tick saying "rank k failed: ..."; under a launcher they give it a moment to stop
+  them first, so the launcher sees the failing rank end first;
+- on gloo, a 4-number **handshake** before each Cadence collective (precheck.py), so mismatched calls
+  raise `DistributedOperationException` on every rank instead of crashing the backend (SIGABRT).
+
+Settings:
+
+- stuck timeout (default 300 s; 0 turns the stuck-rank report off): `InitProcessGroupKwargs(stuck_timeout=...)`
+  > `CADENCE_STUCK_TIMEOUT` > `stuck_timeout` in the launch config. With the default, barriers
+  (`wait_for_everyone`, `main_process_first`) may wait as long as the process-group timeout, since
+  waiting for a slower rank is their purpose (a rank saving a checkpoint); a chosen timeout applies
+  to them too;
+- `wait_for_everyone(timeout=...)`: that barrier's own limit (gloo raises at it; the watchdog enforces
+  it on NCCL);
+- the process-group timeout: `InitProcessGroupKwargs(timeout=...)` or `process_group_timeout` in the
+  launch config, default 30 minutes;
+- debug mode (`CADENCE_DEBUG=1`, `cadence launch --debug`): every rank swaps the full description of
+  each collective before it runs, on every backend;
+- `CADENCE_HANDSHAKE=0` turns the gloo handshake off; `CADENCE_LEDGER=0` turns all of the above off.
+"""

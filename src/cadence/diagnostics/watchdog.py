@@ -1,0 +1,230 @@
+"""The per-rank watchdog thread: publish this rank's state, watch the others', stop the job with a report.
+
+Every `tick` seconds each rank writes its state (see verdict.py) to the side channel and looks for a
+recorded reason to stop. A rank that has waited in a collective for a while reads every rank's state
+and judges; when the job cannot make progress it records the report (the first one wins), prints it and
+exits. The other ranks find the reason on their next tick, say why they stop, and exit too. A rank
+that fails with an uncaught exception records that (see hooks.py), so its peers stop within a tick.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from .callsite import main_thread_location
+from .channel import SideChannel
+from .ledger import ledger
+from .settings import WatchSettings
+from .stopping import stop_process
+from .verdict import judge
+
+# Ranks that read everyone's state per tick, about (so the store is not flooded on large jobs).
+_READERS_PER_TICK = 8
+
+
+class Watchdog:
+    def __init__(
+        self, channel: SideChannel, rank: int, world_size: int, settings: WatchSettings, group: Any
+    ):
+        self.channel = channel
+        self.rank = rank
+        self.world_size = world_size
+        self.settings = settings
+        self.group = group
+        self.pid = os.getpid()
+        self.host = socket.gethostname()
+        self.final_phase: dict[str, Any] | None = None  # set when the script exits or fails
+        self._ticks = 0
+        self._store_failing_since: float | None = None
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cadence-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def halt(self) -> None:
+        self._halt.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._halt.is_set()
+
+    # -- this rank's state -----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        now = time.time()
+        state: dict[str, Any] = {
+            "rank": self.rank,
+            "pid": self.pid,
+            "host": self.host,
+            "beat": now,
+            "done": ledger.completed,
+            "last_op": ledger.last_operation,
+            "where": main_thread_location(),
+        }
+        if self.final_phase is not None:
+            state.update(self.final_phase)
+            return state
+        entry = ledger.waiting_in()
+        if entry is None:
+            state["phase"] = "running"
+            return state
+        state.update(
+            phase="collective",
+            seq=entry.sequence,
+            op=entry.operation,
+            shapes=entry.describe_inputs(),
+            site=entry.call_site(),
+            since=now - (time.monotonic() - entry.started),
+            timeout=entry.timeout,
+        )
+        # Finished on the CPU but not on the GPU: not done.
+        state["done"] = min(state["done"], entry.sequence - 1)
+        return state
+
+    def publish_final(self, phase: dict[str, Any]) -> None:
+        self.final_phase = phase
+        self.channel.publish(self.rank, self.snapshot())
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._halt.wait(self.settings.tick):
+            if not _same_group(self.group):
+                return  # the process group was destroyed: nothing left to watch
+            try:
+                self._tick()
+                self._store_failing_since = None
+            except Exception as error:  # noqa: BLE001 - the store went away (its host ended)
+                self._on_store_error(error)
+
+    def _tick(self) -> None:
+        if self.final_phase is not None:
+            return  # the script is ending (exited, or failed and printing its error): let it end
+        self._ticks += 1
+        mine = self.snapshot()
+        self.channel.publish(self.rank, mine)
+        reason = self.channel.stop_reason()
+        if reason is not None and reason.get("rank") != self.rank:
+            stop_process(self.rank, reason, reporter=False)
+        if mine.get("phase") != "collective" or not self._my_turn():
+            return
+        if time.time() - mine["since"] < self.settings.grace:
+            return
+        states = self.channel.states(self.world_size)
+        states[self.rank] = mine
+        verdict = judge(self.rank, states, time.time(), self.settings)
+        still = ledger.waiting_in()
+        if verdict is None or still is None or still.sequence != mine["seq"]:
+            return
+        reason = {
+            "kind": "report",
+            "rank": self.rank,
+            "verdict": verdict.kind,
+            "headline": verdict.headline,
+            "report": verdict.report,
+            "culprits": verdict.culprits,
+            "time": time.time(),
+        }
+        standing = self.channel.claim_stop(reason)
+        stop_process(self.rank, standing, reporter=standing == reason)
+
+    def _my_turn(self) -> bool:
+        stride = max(1, math.ceil(self.world_size / _READERS_PER_TICK))
+        return (self._ticks + self.rank) % stride == 0
+
+    def _on_store_error(self, error: Exception) -> None:
+        now = time.time()
+        if self._store_failing_since is None:
+            self._store_failing_since = now
+        entry = ledger.waiting_in()
+        # Outside a collective this rank may be finishing on its own: leave it alone.
+        if entry is not None and now - self._store_failing_since > max(self.settings.grace, 5.0):
+            stop_process(
+                self.rank,
+                {
+                    "kind": "lost",
+                    "rank": self.rank,
+                    "headline": f"lost the job's store while waiting in {entry.operation} "
+                    f"#{entry.sequence} at {entry.call_site()} ({type(error).__name__}: {error}); "
+                    "the launcher or the rank hosting the store has ended",
+                },
+                reporter=True,
+            )
+
+
+def _same_group(group: Any) -> bool:
+    import torch.distributed as dist
+
+    try:
+        return dist.is_initialized() and dist.distributed_c10d._get_default_group() is group
+    except (RuntimeError, ValueError):
+        return False
+
+
+# -- one watchdog per process (and per process group) ----------------------------------------------
+_active: Watchdog | None = None
+_generation = 0
+
+
+def active_watchdog() -> Watchdog | None:
+    watchdog = _active
+    if watchdog is None or watchdog.pid != os.getpid():  # a forked child (dataloader worker)
+        return None
+    return watchdog
+
+
+def start_watchdog(state: Any, settings: WatchSettings) -> Watchdog | None:
+    """Watch this rank (called by PartialState once the process group exists); idempotent per group."""
+    global _active, _generation
+    import torch.distributed as dist
+
+    if not ledger.enabled or not state.use_distributed or not dist.is_initialized():
+        return None
+    settings = replace(
+        settings,
+        process_group_timeout=process_group_timeout_seconds(settings.process_group_timeout),
+    )
+    group = dist.distributed_c10d._get_default_group()
+    current = active_watchdog()
+    if current is not None and current.group is group and current.running:
+        current.settings = settings
+        return current
+    if current is not None:
+        current.halt()
+        _generation += 1
+    channel = SideChannel.of_default_group(_generation)
+    if channel is None:
+        return None
+    ledger.restart()
+    ledger.device_events = getattr(state.device, "type", "cpu") == "cuda"
+    watchdog = Watchdog(channel, state.process_index, state.num_processes, settings, group)
+    _active = watchdog
+    from .hooks import install_hooks
+
+    install_hooks()
+    watchdog.start()
+    return watchdog
+
+
+def process_group_timeout_seconds(default: float) -> float:
+    """The timeout the default process group was created with (its backend's options), else `default`."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        group = dist.distributed_c10d._get_default_group()
+    except (RuntimeError, ValueError):
+        return default
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout.total_seconds()
+        except (RuntimeError, AttributeError, ValueError):
+            continue
+    return default

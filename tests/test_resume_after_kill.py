@@ -1,0 +1,96 @@
+"""A 2-process job SIGKILLed mid-training and resumed from its newest checkpoint ends with weights
+bit-identical to a run that never stopped (sequential and shuffled data, accumulation, fp16 scaler)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from harness import free_port
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    import torch
+    from cadence import Accelerator, GradScalerKwargs, ProjectConfiguration
+
+    project_dir, shuffle, kill_at = sys.argv[1], sys.argv[2] == "shuffle", int(sys.argv[3])
+
+    class Progress:
+        def __init__(self):
+            self.epoch = 0
+        def state_dict(self):
+            return {"epoch": self.epoch}
+        def load_state_dict(self, state):
+            self.epoch = state["epoch"]
+
+    torch.manual_seed(0)
+    acc = Accelerator(
+        gradient_accumulation_steps=2,
+        mixed_precision="fp16",
+        project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True, total_limit=2),
+        kwargs_handlers=[GradScalerKwargs(init_scale=512.0, growth_interval=3)],
+    )
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(80, 4, generator=generator)
+    y = x.sum(dim=1, keepdim=True)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=shuffle)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.8)
+    model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
+    progress = Progress()
+    acc.register_for_checkpointing(progress)
+    checkpoints = os.path.join(project_dir, "checkpoints")
+    if os.path.isdir(checkpoints) and os.listdir(checkpoints):
+        acc.load_state()
+    micro_steps = 0
+    while progress.epoch < 3:
+        for x, y in loader:
+            with acc.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                acc.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            micro_steps += 1
+            if acc.sync_gradients and micro_steps % 4 == 0:
+                acc.save_state()
+            if micro_steps == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        progress.epoch += 1
+    if acc.is_main_process:
+        torch.save(acc.unwrap_model(model).state_dict(), os.path.join(project_dir, "final.pt"))
+    """
+)
+
+
+def launch(tmp_path, project_dir, order, kill_at):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(script), str(project_dir), order, str(kill_at)],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("order, kill_points", [("sequential", [13]), ("shuffle", [9, 27])])
+def test_killed_and_resumed_run_matches_the_uninterrupted_one(tmp_path, order, kill_points):
+    reference_dir = tmp_path / "reference"
+    result = launch(tmp_path, reference_dir, order, -1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = torch.load(reference_dir / "final.pt")
+    for kill_at in kill_points:
+        project = tmp_path / f"killed_at_{kill_at}"
+        killed = launch(tmp_path, project, order, kill_at)
+        assert killed.returncode != 0
+        assert not (project / "final.pt").exists()
+        resumed = launch(tmp_path, project, order, -1)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        final = torch.load(project / "final.pt")
+        for key in expected:
+            assert torch.equal(expected[key], final[key]), (kill_at, key)
