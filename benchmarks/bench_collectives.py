@@ -46,7 +46,8 @@ def measure(fn, arg, repeats):
     return (time.perf_counter() - start) / repeats
 
 
-def worker(rank, port, results):
+def worker(rank, port, results, handshake):
+    os.environ["CADENCE_HANDSHAKE"] = handshake
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE="2",
