@@ -16,3 +16,12 @@ def dist_pool():
     yield get
     for pool in pools.values():
         pool.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_cadence_state():
+    """In-process tests start without the process-wide state an earlier test may have left."""
+    from cadence.state import reset_state
+
+    reset_state()
+    yield

@@ -72,8 +72,9 @@ def test_notebook_launcher_reports_the_failing_rank(tmp_path):
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert result.returncode != 0
-    assert "Rank 1 failed first: ValueError: rank one is broken" in result.stderr
-    assert "Rank(s) 0 stopped because rank 1 failed." in result.stderr
+    assert "notebook_launcher: rank 1 failed (exit code 1)" in result.stderr
+    assert "ValueError: rank one is broken" in result.stderr
+    assert "rank 0: stopped because rank 1 failed" in result.stderr
 
 
 def test_bad_arguments_fail_before_starting():

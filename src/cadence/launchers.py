@@ -75,7 +75,11 @@ def _launch_with_elastic_agent(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from .failure_summary import format_summary, read_error_files
+    from .commands.failure_report import (
+        failures_from_elastic,
+        failures_from_error_files,
+        format_failure_summary,
+    )
 
     log_dir = tempfile.mkdtemp(prefix="cadence-launch-")
     rdzv_configs = dict(rdzv_conf or {})
@@ -105,7 +109,11 @@ def _launch_with_elastic_agent(
             elastic_launch(config=config, entrypoint=function)(*args)
         except ChildFailedError as error:
             # torch names the lowest failed rank; the rank that failed *first* is the one to report.
-            raise WorkerProcessesFailed(format_summary(read_error_files(log_dir))) from error
+            failures = failures_from_error_files(log_dir) or failures_from_elastic(error)
+            summary = format_failure_summary(
+                failures, list(range(num_processes)), log_dir=log_dir, title="notebook_launcher"
+            )
+            raise WorkerProcessesFailed(summary) from error
 
 
 def notebook_launcher(

@@ -12,7 +12,7 @@ TRACEBACK_TAIL_LINES = 8
 _KNOCK_ON = re.compile(
     r"Connection closed by peer|Connection reset|Broken pipe|DistBackendError|DistNetworkError|"
     r"ProcessGroupGloo|NCCL communicator was aborted|Socket Timeout|recvBytes|sendBytes|"
-    r"failed to recv|peer closed|Connection refused",
+    r"failed to recv|peer closed|Connection refused|because rank \d+ failed|SignalException|got signal",
     re.IGNORECASE,
 )
 
@@ -89,10 +89,11 @@ def format_failure_summary(
     local_ranks: list[int],
     log_dir: str | None = None,
     verbose: bool = False,
+    title: str = "cadence launch",
 ) -> str:
     """The launcher's report: root cause first, then what happened to every other rank on this machine."""
     cause = root_cause(failures)
-    lines = [f"cadence launch: rank {cause.rank} failed ({cause.describe_exit()})"]
+    lines = [f"{title}: rank {cause.rank} failed ({cause.describe_exit()})"]
     if cause.exception:
         lines.append(f"  {cause.exception}")
         tail = _tail(cause.traceback, TRACEBACK_TAIL_LINES)
@@ -149,4 +150,25 @@ def failures_from_elastic(error: Any) -> list[WorkerFailure]:
                 error_data=data or None,
             )
         )
+    return result
+
+
+def failures_from_error_files(log_dir: str) -> list[WorkerFailure]:
+    """Every worker failure recorded under a torch elastic log folder (`.../<local_rank>/error.json`).
+
+    With forked workers torch reports only one failure; the error files hold all of them."""
+    import glob
+    import json
+    import os
+
+    result = []
+    for path in sorted(glob.glob(os.path.join(log_dir, "**", "error.json"), recursive=True)):
+        folder = os.path.basename(os.path.dirname(path))
+        try:
+            with open(path) as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if folder.isdigit() and isinstance(data, dict) and isinstance(data.get("message"), dict):
+            result.append(WorkerFailure(int(folder), int(folder), 1, None, data))
     return result
