@@ -8,7 +8,7 @@ STAMP := $(VENV)/.cadence-installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers]'
+	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers,deepspeed]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -3,7 +3,8 @@
 State: a ~100M-parameter model with AdamW state (about 1.2 GB). Measured in one run, interleaved:
   save:  torch.save(model) + torch.save(optimizer)   vs  begin_checkpoint / write / commit
          (Cadence also fsyncs every file, checksums it and writes the manifest)
-  load:  torch.load + load_state_dict                 vs  open_checkpoint (checksums verified) + apply
+  load:  torch.load + load_state_dict                 vs  open_checkpoint + apply, with every
+         checksum verified (and, for reference, with sizes only)
   async: in a short training loop, the time training is blocked by an asynchronous save (CPU copy
          made before returning, or made by the background thread with a fence before the next
          optimizer.step) vs the time of a synchronous save, and how much slower the loop got.
@@ -73,11 +74,11 @@ def cadence_save(model, optimizer, folder: Path) -> None:
     writer.commit()
 
 
-def cadence_load(model, optimizer, folder: Path) -> None:
-    with open_checkpoint(folder, verify="full") as ckpt:
+def cadence_load(model, optimizer, folder: Path, verify: str = "full") -> None:
+    with open_checkpoint(folder, verify=verify) as ckpt:
         weights = ckpt.load_tensors("model.safetensors")
         optim = ckpt.load_object("optimizer.bin")
-        ckpt.finish()  # every checksum checked before anything is applied
+        ckpt.finish()  # with verify="full", every checksum is checked before anything is applied
     apply_model_state(model, weights)
     optimizer.load_state_dict(optim)
 
@@ -126,6 +127,7 @@ LABELS = {
     "cs": "cadence save",
     "pl": "torch.load",
     "cl": "cadence load",
+    "cls": "cadence load (sizes)",
     "sync_blocked": "sync: blocked",
     "async_blocked": "async: blocked",
     "deferred_blocked": "deferred: blocked",
@@ -170,6 +172,7 @@ def main() -> None:
             loads = [
                 ("pl", partial(plain_load, model, optimizer, plain_dir)),
                 ("cl", partial(cadence_load, model, optimizer, ours_dir)),
+                ("cls", partial(cadence_load, model, optimizer, ours_dir, "sizes")),
             ]
             for pair in (saves, loads):
                 for key, fn in pair if r % 2 == 0 else reversed(pair):  # alternate who goes first
@@ -188,9 +191,10 @@ def main() -> None:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
     for key, label in LABELS.items():
-        print(f"  {label:<18}" + " ".join(f"{t:6.3f}" for t in times[key]))
+        print(f"  {label:<21}" + " ".join(f"{t:6.3f}" for t in times[key]))
     report("save (atomic+fsync+checksums)", times["cs"], times["ps"], "torch.save")
     report("load (checksums verified)", times["cl"], times["pl"], "torch.load")
+    report("load (sizes verified)", times["cls"], times["pl"], "torch.load")
     sync = statistics.median(times["sync_blocked"])
     base = statistics.median(times["none_total"])
     for mode in ("async", "deferred"):

@@ -36,6 +36,9 @@ _EXPORTS = {
     "debug_launcher": "cadence.launchers",
     "find_executable_batch_size": "cadence.utils.memory",
     "get_logger": "cadence.logging",
+    "FullyShardedDataParallelPlugin": "cadence.plugins",
+    "DeepSpeedPlugin": "cadence.plugins",
+    "ParallelismConfig": "cadence.plugins",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -17,6 +17,7 @@ from .configs import (
     TorchDynamoPlugin,
 )
 from .enums import DynamoBackend, PrecisionType, RNGType
+from .input_errors import rank_named_errors
 from .kwargs import KwargsHandler
 
 # Constructor arguments of older releases that still reach us through user scripts.
@@ -45,9 +46,11 @@ class AcceleratorSettings:
     parallelism_config: Any = None
 
     @classmethod
+    @rank_named_errors
     def resolve(
         cls, *, launch: dict[str, Any], unknown: dict[str, Any], **args: Any
     ) -> AcceleratorSettings:
+        _check_flags(args)
         unknown = dict(unknown)
         kwargs_handlers = args["kwargs_handlers"]
         if "kwarg_handler" in unknown:  # the spec's own profile example spells it this way
@@ -73,6 +76,19 @@ class AcceleratorSettings:
                     f"Unknown mixed_precision {args['mixed_precision']!r}: choose one of "
                     f"{', '.join(PrecisionType.list())}."
                 )
+        from .plugins.resolve import resolve_parallel_plugins
+
+        parallel = resolve_parallel_plugins(
+            fsdp_plugin=args["fsdp_plugin"],
+            deepspeed_plugins=args["deepspeed_plugins"] or args["deepspeed_plugin"],
+            torch_tp_plugin=args["torch_tp_plugin"],
+            parallelism_config=args["parallelism_config"],
+            launch=launch,
+        )
+        if str(args["mixed_precision"]).lower() == "fp8" and not parallel.deepspeed_plugins:
+            from .precision import require_fp8_package
+
+            require_fp8_package()
         return cls(
             device_placement=bool(args["device_placement"]),
             mixed_precision=args["mixed_precision"],
@@ -84,11 +100,24 @@ class AcceleratorSettings:
             handlers=_handlers(kwargs_handlers),
             dynamo_plugin=_dynamo_plugin(args["dynamo_backend"], args["dynamo_plugin"], launch),
             log_with=args["log_with"],
-            fsdp_plugin=args["fsdp_plugin"],
-            deepspeed_plugins=args["deepspeed_plugins"] or args["deepspeed_plugin"],
+            fsdp_plugin=parallel.fsdp_plugin,
+            deepspeed_plugins=parallel.deepspeed_plugins,
             torch_tp_plugin=args["torch_tp_plugin"],
-            parallelism_config=args["parallelism_config"],
+            parallelism_config=parallel.parallelism_config,
         )
+
+
+def _check_flags(args: dict[str, Any]) -> None:
+    # bool("false") is True: a string here (from argparse or an environment variable) is a bug.
+    names = ["device_placement", "cpu", "step_scheduler_with_optimizer"]
+    if not args["split_batches_unset"]:
+        names.append("split_batches")
+    for name in names:
+        if isinstance(args[name], (str, bytes)):
+            raise TypeError(
+                f"Accelerator({name}={args[name]!r}): {name} takes True or False, not a string "
+                "(any non-empty string would count as True)."
+            )
 
 
 def _dataloader_config(args: dict[str, Any], unknown: dict[str, Any]) -> DataLoaderConfiguration:
@@ -125,6 +154,11 @@ def _project_config(
         raise TypeError(
             f"project_config must be a ProjectConfiguration, got {type(project_config).__name__}."
         )
+    for name, path in (("project_dir", project_dir), ("logging_dir", logging_dir)):
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"Accelerator({name}=...) must be a path (str or os.PathLike), got {type(path).__name__}."
+            )
     config = project_config if project_config is not None else ProjectConfiguration()
     if project_dir is not None:
         if config.project_dir is not None and os.fspath(project_dir) != config.project_dir:
@@ -159,7 +193,13 @@ def _accumulation_plugin(
             "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
         )
         if from_launch is not None:
-            steps = int(from_launch)
+            try:
+                steps = int(from_launch)
+            except ValueError:
+                raise ValueError(
+                    f"gradient_accumulation_steps from the launcher (--gradient_accumulation_steps or "
+                    f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS) must be a positive integer, got {from_launch!r}."
+                ) from None
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}.")
     return GradientAccumulationPlugin(num_steps=steps)
@@ -170,6 +210,11 @@ def _rng_types(rng_types: Any) -> list[str]:
         return ["generator"]
     if isinstance(rng_types, (str, RNGType)):
         rng_types = [rng_types]
+    if not isinstance(rng_types, (list, tuple)):
+        raise TypeError(
+            f"rng_types must be a list of names ({', '.join(RNGType.list())}), got "
+            f"{type(rng_types).__name__}."
+        )
     result = []
     for item in rng_types:
         try:
@@ -183,6 +228,11 @@ def _rng_types(rng_types: Any) -> list[str]:
 
 def _handlers(kwargs_handlers: Any) -> dict[str, KwargsHandler]:
     found: dict[str, KwargsHandler] = {}
+    if kwargs_handlers is not None and not isinstance(kwargs_handlers, (list, tuple)):
+        raise TypeError(
+            f"kwargs_handlers must be a list of handlers, got {type(kwargs_handlers).__name__}: "
+            f"write kwargs_handlers=[{type(kwargs_handlers).__name__}(...)]."
+        )
     for handler in kwargs_handlers or []:
         if not isinstance(handler, KwargsHandler):
             raise TypeError(
@@ -193,7 +243,26 @@ def _handlers(kwargs_handlers: Any) -> dict[str, KwargsHandler]:
         if name in found:
             raise ValueError(f"You can only pass one {name} in kwargs_handlers.")
         found[name] = handler
+    backend = getattr(found.get("InitProcessGroupKwargs"), "backend", None)
+    if backend is not None:
+        _check_backend(backend)
     return found
+
+
+def _check_backend(backend: Any) -> None:
+    """An unknown process-group backend fails here, not after the rendezvous store was started."""
+    import torch.distributed as dist
+
+    known = set(getattr(dist.Backend, "backend_list", ())) or {"gloo", "nccl", "mpi", "ucc"}
+    # "cpu:gloo,cuda:nccl" names one backend per device type.
+    names = [part.split(":")[-1].strip().lower() for part in str(backend).split(",")]
+    unknown = [name for name in names if name not in known]
+    if not isinstance(backend, str) or unknown or not names:
+        raise ValueError(
+            f"InitProcessGroupKwargs(backend={backend!r}) is not a torch.distributed backend: use one of "
+            f"{', '.join(sorted(k for k in known if k != 'undefined'))} (or None for the default: "
+            "nccl on GPUs, gloo on CPU)."
+        )
 
 
 def _dynamo_plugin(backend: Any, plugin: Any, launch: dict[str, Any]) -> TorchDynamoPlugin | None:

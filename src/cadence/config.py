@@ -177,6 +177,25 @@ ConfigFile = ClusterConfig | SageMakerConfig
 
 _DICT_KEYS = {f.name for f in dataclasses.fields(ClusterConfig) if f.name.endswith("_config")}
 _INT_KEYS = {"num_processes", "machine_rank", "num_machines", "main_process_port"}
+# Text settings (None allowed); gpu_ids may also be a number (YAML reads `gpu_ids: 0` as one).
+_STR_KEYS = {
+    "compute_environment",
+    "main_training_function",
+    "main_process_ip",
+    "rdzv_backend",
+    "command_file",
+    "tpu_name",
+    "tpu_zone",
+    "ec2_instance_type",
+    "iam_role_name",
+    "image_uri",
+    "profile",
+    "region",
+    "base_job_name",
+    "sagemaker_inputs_file",
+    "sagemaker_metrics_file",
+}
+_LIST_KEYS = {"commands", "tpu_vm", "tpu_env"}
 _BOOL_KEYS = {
     "use_cpu",
     "debug",
@@ -209,7 +228,7 @@ def upgrade_config_dict(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
         if "mixed_precision" not in data:
             data["mixed_precision"] = "fp16" if fp16 else "no"
         notes.append(f"replaced fp16: {fp16} by mixed_precision: {data['mixed_precision']}")
-    if "dynamo_backend" in data:
+    if "dynamo_backend" in data and isinstance(data.get("dynamo_config") or {}, dict):
         backend = data.pop("dynamo_backend")
         dynamo = {} if str(backend).upper() == "NO" else {"dynamo_backend": str(backend).upper()}
         data["dynamo_config"] = {**dynamo, **(data.get("dynamo_config") or {})}
@@ -227,7 +246,11 @@ def upgrade_config_dict(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]
         if flag not in data:
             data[flag] = False
             notes.append(f"added {flag}: false")
-    if "num_processes" not in data and data.get("distributed_type") == "NO":
+    if (
+        "num_processes" not in data
+        and data.get("distributed_type") == "NO"
+        and data.get("compute_environment") == LOCAL_MACHINE
+    ):
         data["num_processes"] = 1
         notes.append("added num_processes: 1")
     return data, notes
@@ -244,6 +267,19 @@ def _check_types(data: dict[str, Any], where: str) -> None:
             problems.append(f"{key} must be true or false, got {value!r}")
         elif key in _DICT_KEYS and not isinstance(value, dict):
             problems.append(f"{key} must be a mapping, got {value!r}")
+        elif key in _DICT_KEYS and not all(isinstance(name, str) for name in value):
+            names = ", ".join(repr(name) for name in value if not isinstance(name, str))
+            problems.append(f"{key} has keys that are not names: {names}")
+        elif key in _STR_KEYS and not isinstance(value, str):
+            problems.append(f"{key} must be text, got {value!r}")
+        elif key in _LIST_KEYS and not isinstance(value, list):
+            problems.append(f"{key} must be a list, got {value!r}")
+        elif key == "gpu_ids" and (isinstance(value, bool) or not isinstance(value, (str, int))):
+            problems.append(
+                f"gpu_ids must be 'all' or comma-separated GPU numbers like 0,1, got {value!r}"
+            )
+        elif key == "downcast_bf16" and not isinstance(value, (bool, str)):
+            problems.append(f"downcast_bf16 must be true, false or 'no', got {value!r}")
     mixed = data.get("mixed_precision")
     if mixed is not None and str(mixed).lower() not in MIXED_PRECISION_CHOICES:
         problems.append(
@@ -263,6 +299,17 @@ def config_from_dict(raw: Any, where: str = "<dict>") -> ConfigFile:
         )
         raise ConfigFileError(
             f"The config file {where} is {kind}. Write it with `cadence config` or `cadence config default`."
+        )
+    odd_keys = [key for key in raw if not isinstance(key, str)]
+    if odd_keys:
+        raise ConfigFileError(
+            f"The config file {where} has keys that are not setting names: "
+            f"{', '.join(repr(key) for key in odd_keys)}. Every line must look like `name: value`."
+        )
+    if not isinstance(raw.get("dynamo_config") or {}, dict):
+        raise ConfigFileError(
+            f"The config file {where} has invalid values:\n  - dynamo_config must be a mapping, got "
+            f"{raw['dynamo_config']!r}"
         )
     data, _ = upgrade_config_dict(raw)
     environment = data["compute_environment"]
@@ -304,25 +351,44 @@ def config_from_dict(raw: Any, where: str = "<dict>") -> ConfigFile:
 def read_config_dict(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The raw mapping stored in a YAML or JSON config file, without upgrading or validating it."""
     source = Path(path)
+    if source.is_dir():
+        raise ConfigFileError(
+            f"The config file {source} is a folder, not a file. Pass the file itself (e.g. "
+            f"{source / 'default_config.yaml'}) with --config_file."
+        )
     if not source.is_file():
         raise ConfigFileError(
             f"The config file {source} does not exist. Create it with `cadence config` (or "
             "`cadence config default`), or pass an existing file with --config_file."
         )
-    if source.suffix == ".json":
-        try:
-            return json.loads(source.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ConfigFileError(f"The config file {source} is not valid JSON: {err}.") from None
-    import yaml
-
     try:
-        with source.open(encoding="utf-8") as handle:  # a stream, so errors name the file
-            return yaml.safe_load(handle)
-    except yaml.YAMLError as err:
+        if source.suffix == ".json":
+            try:
+                return json.loads(source.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ConfigFileError(
+                    f"The config file {source} is not valid JSON: {err}."
+                ) from None
+        import yaml
+
+        try:
+            with source.open(encoding="utf-8") as handle:  # a stream, so errors name the file
+                return yaml.safe_load(handle)
+        except yaml.YAMLError as err:
+            raise ConfigFileError(
+                f"The config file {source} is not valid YAML:\n{err}\nFix the file or write it again "
+                "with `cadence config`."
+            ) from None
+    except UnicodeDecodeError as err:
         raise ConfigFileError(
-            f"The config file {source} is not valid YAML:\n{err}\nFix the file or write it again "
-            "with `cadence config`."
+            f"The config file {source} is not UTF-8 text ({err.reason} at byte {err.start}); write it "
+            "again with `cadence config`."
+        ) from None
+    except (OSError, RecursionError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+        raise ConfigFileError(
+            f"The config file {source} cannot be read ({reason}); check its permissions, or write it "
+            "again with `cadence config`."
         ) from None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,26 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
 
+    def __post_init__(self) -> None:
+        for name in (
+            "split_batches",
+            "dispatch_batches",
+            "even_batches",
+            "use_seedable_sampler",
+            "non_blocking",
+            "use_stateful_dataloader",
+        ):
+            if isinstance(getattr(self, name), (str, bytes)):
+                raise TypeError(
+                    f"DataLoaderConfiguration({name}={getattr(self, name)!r}) takes True or False, not "
+                    "a string (any non-empty string would count as True)."
+                )
+        seed = self.data_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise TypeError(
+                f"DataLoaderConfiguration(data_seed=...) must be an integer or None, got {seed!r}."
+            )
+
 
 @dataclass
 class ProjectConfiguration:
@@ -37,6 +58,13 @@ class ProjectConfiguration:
             self.logging_dir = self.project_dir
 
     def __post_init__(self) -> None:
+        for name in ("project_dir", "logging_dir"):
+            path = getattr(self, name)
+            if path is not None and not isinstance(path, (str, os.PathLike)):
+                raise TypeError(
+                    f"ProjectConfiguration({name}=...) must be a path (str or os.PathLike), got "
+                    f"{type(path).__name__}."
+                )
         if self.project_dir is not None:
             self.project_dir = os.fspath(self.project_dir)
         self.set_directories(self.project_dir)
@@ -75,7 +103,12 @@ class TorchDynamoPlugin(KwargsHandler):
     def __post_init__(self) -> None:
         if self.backend is None:
             self.backend = os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no")
-        self.backend = DynamoBackend(str(self.backend).upper())
+        name = str(getattr(self.backend, "value", self.backend)).upper()
+        if name not in DynamoBackend.list():
+            raise ValueError(
+                f"Unknown dynamo backend {self.backend!r}: use one of {', '.join(DynamoBackend.list())}."
+            )
+        self.backend = DynamoBackend(name)
         self.mode = self.mode or os.environ.get("ACCELERATE_DYNAMO_MODE", "default")
 
     def to_compile_kwargs(self) -> dict[str, Any]:

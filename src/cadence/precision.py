@@ -103,7 +103,8 @@ def remove_forward_wrapper(model: torch.nn.Module) -> None:
             model.forward = original
 
 
-def _require_fp8_backend(device: torch.device) -> None:
+def require_fp8_package() -> None:
+    """Fail (before any process group exists) when no FP8 backend package is installed."""
     has_te = importlib.util.find_spec("transformer_engine") is not None
     has_ao = importlib.util.find_spec("torchao") is not None
     if not (has_te or has_ao):
@@ -111,6 +112,10 @@ def _require_fp8_backend(device: torch.device) -> None:
             "mixed_precision='fp8' needs an FP8 backend: install torchao (`pip install torchao`) or "
             "NVIDIA Transformer Engine."
         )
+
+
+def _require_fp8_backend(device: torch.device) -> None:
+    require_fp8_package()
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
         raise RuntimeError(
             "mixed_precision='fp8' needs an NVIDIA GPU with compute capability 8.9 or newer (Ada, "

@@ -339,11 +339,12 @@ class AcceleratorState:
         self.parallelism_config = parallelism_config
         self.device_mesh = None
         self.partial_state = partial
-        if deepspeed_plugin is not None or fsdp_plugin is not None or parallelism_config is not None:
+        plugins = (fsdp_plugin, deepspeed_plugin, parallelism_config)
+        if any(plugin is not None for plugin in plugins):
             from .plugins.resolve import ParallelPlugins, configure_state
 
             try:
-                configure_state(self, ParallelPlugins(fsdp_plugin, deepspeed_plugin, parallelism_config))
+                configure_state(self, ParallelPlugins(*plugins))
             except BaseException:
                 self._shared_state.clear()
                 raise

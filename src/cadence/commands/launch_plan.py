@@ -9,6 +9,7 @@ All problems are collected and reported together in one LaunchPlanError.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -235,11 +236,13 @@ class _Planner:
                 )
         self.backend = "nccl" if self.device.value == "cuda" else "gloo"
         self.gpu_ids = None
-        if self.device.value == "cuda":
-            try:
-                self.gpu_ids = _gpu_id_list(self.value("gpu_ids"))
-            except LaunchPlanError as err:
-                self.errors.append(str(err))
+        try:  # checked on CPU too (where it is ignored): a typo should not wait for a GPU machine
+            gpu_ids = _gpu_id_list(self.value("gpu_ids"))
+        except LaunchPlanError as err:
+            self.errors.append(str(err))
+        else:
+            if self.device.value == "cuda":
+                self.gpu_ids = gpu_ids
         self.usable_gpus = len(self.gpu_ids) if self.gpu_ids is not None else gpus
 
     def count_processes(self) -> None:
@@ -354,9 +357,14 @@ class _Planner:
             self.errors.append(
                 f"--max_restarts must be 0 or more, got {self.value('max_restarts')}"
             )
-        if self.value("monitor_interval") <= 0:
+        if not 0 < self.value("monitor_interval") < math.inf:
             self.errors.append(
-                f"--monitor_interval must be positive, got {self.value('monitor_interval')}"
+                f"--monitor_interval must be a positive number of seconds, got {self.value('monitor_interval')}"
+            )
+        log_dir = self.value("log_dir")
+        if log_dir and Path(log_dir).exists() and not Path(log_dir).is_dir():
+            self.errors.append(
+                f"--log_dir {log_dir!r} is a file; pass a folder for the worker logs"
             )
         if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", str(self.value("tee"))):
             self.errors.append(

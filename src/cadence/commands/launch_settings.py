@@ -247,7 +247,7 @@ class SettingsResolver:
         if raw:
             try:
                 return Setting(convert(raw), f"env {variable}")
-            except (ValueError, argparse.ArgumentTypeError):
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
                 self.errors.append(
                     f"environment variable {variable}={raw!r} is not a valid value for --{name}"
                 )
@@ -255,7 +255,7 @@ class SettingsResolver:
         if self.from_config.get(name) is not None:
             try:
                 return Setting(convert(self.from_config[name]), CONFIG)
-            except (ValueError, argparse.ArgumentTypeError):
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
                 self.errors.append(
                     f"config file value {name}: {self.from_config[name]!r} is not valid"
                 )

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..input_errors import with_rank
 from ..ops import broadcast, broadcast_object_list, concatenate, recursively_apply, send_to_device
 from ..state import PartialState
 from .batches import find_batch_size, get_data_structure, initialize_tensors, slice_tensors
@@ -214,6 +215,8 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
 
 
 def _concatenate(parts: list[Any]) -> Any:
+    for part in parts:  # non-tensor batches get the dispatch explanation, not concatenate's
+        _check_dispatchable(part)
     try:
         return concatenate(parts, dim=0)
     except RuntimeError as error:
@@ -230,7 +233,9 @@ def _check_dispatchable(batch: Any) -> None:
         recursively_apply(lambda tensor: tensor, batch, error_on_other_type=True)
     except TypeError:
         raise TypeError(
-            "dispatch_batches=True (the default for an IterableDataset) can only send batches of "
-            "tensors nested in lists, tuples or dicts; this dataloader's batches hold other objects. "
-            "Pass dispatch_batches=False so each process reads its own batches."
+            with_rank(
+                "dispatch_batches=True (the default for an IterableDataset) can only send batches of "
+                "tensors nested in lists, tuples or dicts; this dataloader's batches hold other "
+                "objects. Pass dispatch_batches=False so each process reads its own batches."
+            )
         ) from None

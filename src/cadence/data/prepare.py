@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from ..enums import DistributedType, RNGType
+from ..input_errors import rank_named_errors
 from ..state import PartialState
 from .dispatch import DataLoaderDispatcher
 from .loaders import DataLoaderShard
@@ -48,6 +49,7 @@ def loader_arguments(dataloader: DataLoader) -> dict[str, Any]:
     }
 
 
+@rank_named_errors
 def prepare_data_loader(
     dataloader: DataLoader,
     device: torch.device | None = None,
@@ -93,8 +95,12 @@ def prepare_data_loader(
         num_processes, process_index = _data_parallel_coordinates(
             torch_device_mesh, num_processes, process_index, state
         )
+    _check_coordinates(num_processes, process_index)
     if split_batches:
         _check_split_batch_size(dataloader, num_processes)
+    _check_rng_types(rng_types)
+    if data_seed is not None and (isinstance(data_seed, bool) or not isinstance(data_seed, int)):
+        raise TypeError(f"data_seed must be an integer or None, got {data_seed!r}.")
 
     new_dataset = dataset
     new_batch_sampler = None if is_iterable else dataloader.batch_sampler
@@ -206,6 +212,31 @@ def prepare_data_loader(
     if use_seedable_sampler and isinstance(sampler, SeedableRandomSampler):
         prepared.set_sampler(sampler)
     return prepared
+
+
+def _check_coordinates(num_processes: Any, process_index: Any) -> None:
+    for name, value in (("num_processes", num_processes), ("process_index", process_index)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"prepare_data_loader({name}=...) must be an integer, got {value!r}.")
+    if num_processes < 1 or not 0 <= process_index < num_processes:
+        raise ValueError(
+            f"prepare_data_loader got process_index={process_index} for num_processes={num_processes}: "
+            "num_processes must be at least 1 and process_index in [0, num_processes). Leave both unset "
+            "to use this process's rank and the world size."
+        )
+
+
+def _check_rng_types(rng_types: Any) -> None:
+    if rng_types is None:
+        return
+    known = RNGType.list()
+    if isinstance(rng_types, (str, RNGType)) or not hasattr(rng_types, "__iter__"):
+        raise TypeError(
+            f"rng_types must be a list of names ({', '.join(known)}), got {rng_types!r}."
+        )
+    bad = [item for item in rng_types if str(getattr(item, "value", item)) not in known]
+    if bad:
+        raise ValueError(f"Unknown rng_types {bad!r}: use names among {', '.join(known)}.")
 
 
 def _check_split_batch_size(dataloader: DataLoader, num_processes: int) -> None:

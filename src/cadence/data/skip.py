@@ -17,6 +17,10 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     iterable dataset are read and dropped. A prepared dataloader and the one returned share their
     position, so the original's `state_dict()` follows the progress of the skipping one.
     """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            f"skip_first_batches needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}."
+        )
     if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches must be a non-negative integer, got {num_batches!r}.")
     dataset = dataloader.dataset

@@ -11,13 +11,18 @@ from .base import Strategy
 def select_strategy(accelerator: Any) -> Strategy:
     distributed_type = accelerator.distributed_type
     if distributed_type == DistributedType.FSDP:
-        from .fsdp import FSDPStrategy
+        from .fsdp import create_fsdp_strategy
 
-        return FSDPStrategy(accelerator)
+        return create_fsdp_strategy(accelerator)
     if distributed_type == DistributedType.DEEPSPEED:
         from .deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(accelerator)
+    parallelism = getattr(accelerator.state, "parallelism_config", None)
+    if parallelism is not None and parallelism.tp_enabled:
+        from .tp import TPStrategy
+
+        return TPStrategy(accelerator)
     if accelerator.use_distributed:
         from .ddp import DDPStrategy
 

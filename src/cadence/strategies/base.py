@@ -42,3 +42,30 @@ class Strategy:
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- hooks of the sharded and engine backends (FSDP, tensor parallel, DeepSpeed) -----------------
+    # Whether Accelerator.backward divides the loss by the accumulation steps (DeepSpeed's engine does).
+    divides_loss_for_accumulation = True
+    # Whether models and optimizers are checkpointed by save_sharded_state / load_sharded_state.
+    saves_sharded_state = False
+
+    def prepare_group(
+        self, objects: list[Any], kinds: list[str], placements: list[Any]
+    ) -> list[Any] | None:
+        """Prepare all objects of one prepare() call together (an engine); None: one by one as usual."""
+        return None
+
+    def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point an optimizer built before prepare() at the parameters that sharding put in the model."""
+
+    def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's whole state dict (on sharded backends: complete on the main process, on CPU)."""
+        return (self.accelerator.unwrap_model(model) if unwrap else model).state_dict()
+
+    def save_sharded_state(
+        self, directory: Any, models: list[Any], optimizers: list[Any]
+    ) -> list[str]:
+        raise NotImplementedError(f"The {self.name} strategy saves models with the regular files.")
+
+    def load_sharded_state(self, directory: Any, models: list[Any], optimizers: list[Any]) -> None:
+        raise NotImplementedError(f"The {self.name} strategy loads models from the regular files.")

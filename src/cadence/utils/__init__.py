@@ -41,6 +41,18 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "cadence.kwargs",
     "ProfileKwargs": "cadence.kwargs",
     "FP8RecipeKwargs": "cadence.kwargs",
+    # sharded and model-parallel training
+    "FullyShardedDataParallelPlugin": "cadence.plugins",
+    "DeepSpeedPlugin": "cadence.plugins",
+    "HfDeepSpeedConfig": "cadence.plugins",
+    "DummyOptim": "cadence.plugins",
+    "DummyScheduler": "cadence.plugins",
+    "TorchTensorParallelPlugin": "cadence.plugins",
+    "TorchTensorParallelConfig": "cadence.plugins",
+    "TorchContextParallelConfig": "cadence.plugins",
+    "ParallelismConfig": "cadence.plugins",
+    "MegatronLMPlugin": "cadence.plugins",
+    "merge_fsdp_weights": "cadence.commands.merge_weights",
     # progress, memory
     "tqdm": "cadence.utils.tqdm",
     "find_executable_batch_size": "cadence.utils.memory",

@@ -1,0 +1,520 @@
+"""DeepSpeedPlugin: the DeepSpeed (ZeRO) settings, as plugin fields or a DeepSpeed JSON config.
+
+`"auto"` values in a user's config are filled from the plugin, the Accelerator and the dataloaders when
+`prepare` builds the engine. Nothing here imports `deepspeed`: the plugin can be built (and checked)
+without it; the engine needs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._env import as_bool, env_text
+
+# Plugin field -> dotted key of the DeepSpeed config that it mirrors.
+PLUGIN_TO_CONFIG = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+# Launcher settings that a DeepSpeed config file overrides: setting both is ambiguous.
+FIELDS_OWNED_BY_CONFIG_FILE = (
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+    "mixed_precision",
+)
+
+
+def deepspeed_missing_error(what: str = "DeepSpeed") -> ImportError:
+    return ImportError(
+        f"{what} needs the `deepspeed` package, which is not installed: `pip install cadence[deepspeed]` "
+        "(or `pip install deepspeed`), or train with FSDP / DDP instead."
+    )
+
+
+class DeepSpeedConfig:
+    """A DeepSpeed config dict (from a dict, a JSON file, a JSON string or base64 JSON) with lookups."""
+
+    def __init__(self, config_file_or_dict: Any) -> None:
+        if isinstance(config_file_or_dict, DeepSpeedConfig):
+            config = copy.deepcopy(config_file_or_dict.config)
+        elif isinstance(config_file_or_dict, dict):
+            config = copy.deepcopy(config_file_or_dict)
+        elif isinstance(config_file_or_dict, (str, os.PathLike)) and os.path.exists(
+            config_file_or_dict
+        ):
+            with open(config_file_or_dict, encoding="utf-8") as f:
+                config = json.load(f)
+        else:
+            config = self._decode(config_file_or_dict)
+        if not isinstance(config, dict):
+            raise ValueError(
+                f"A DeepSpeed config must be a JSON object, got {type(config).__name__}."
+            )
+        self.config = config
+        self.set_stage_and_offload()
+
+    @staticmethod
+    def _decode(text: Any) -> Any:
+        try:
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                return json.loads(base64.urlsafe_b64decode(text).decode("utf-8"))
+        except (UnicodeDecodeError, AttributeError, ValueError, TypeError):
+            raise ValueError(
+                "hf_ds_config must be a path to an existing DeepSpeed JSON file, a dict, or a (base64) JSON "
+                f"string; got {text!r}."
+            ) from None
+
+    def set_stage_and_offload(self) -> None:
+        self._stage = self.get_value("zero_optimization.stage", -1)
+        devices = {
+            self.get_value("zero_optimization.offload_optimizer.device"),
+            self.get_value("zero_optimization.offload_param.device"),
+        }
+        self._offload = self._stage in (2, 3) and bool(devices & {"cpu", "nvme"})
+
+    def find_config_node(self, ds_key_long: str) -> tuple[dict | None, str]:
+        node: Any = self.config
+        *parents, key = ds_key_long.split(".")
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+            if node is None:
+                return None, key
+        return node, key
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        node, key = self.find_config_node(ds_key_long)
+        return default if node is None else node.get(key, default)
+
+    def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
+        node, key = self.find_config_node(ds_key_long)
+        if node is None or key not in node:
+            if must_exist:
+                raise ValueError(f"{ds_key_long} is not in the DeepSpeed config.")
+            return
+        node.pop(key)
+
+    def is_true(self, ds_key_long: str) -> bool:
+        value = self.get_value(ds_key_long)
+        return False if value is None else bool(value)
+
+    def is_false(self, ds_key_long: str) -> bool:
+        value = self.get_value(ds_key_long)
+        return False if value is None else not bool(value)
+
+    def is_zero2(self) -> bool:
+        return self._stage == 2
+
+    def is_zero3(self) -> bool:
+        return self._stage == 3
+
+    def is_offload(self) -> bool:
+        return self._offload
+
+
+@dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed settings; pass as `Accelerator(deepspeed_plugin=...)` or several as a dict of named plugins."""
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int = None
+    gradient_clipping: float = None
+    zero_stage: int = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str = None
+    offload_param_device: str = None
+    offload_optimizer_nvme_path: str = None
+    offload_param_nvme_path: str = None
+    zero3_init_flag: bool = None
+    zero3_save_16bit_model: bool = None
+    transformer_moe_cls_names: str = None
+    enable_msamp: bool = None
+    msamp_opt_level: Literal["O1", "O2"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.gradient_accumulation_steps is None:
+            raw = env_text("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "auto")
+            self.gradient_accumulation_steps = int(raw) if raw.isdigit() else raw
+        if self.gradient_clipping is None:
+            raw = env_text("ACCELERATE_GRADIENT_CLIPPING", "auto")
+            self.gradient_clipping = raw if raw == "auto" else float(raw)
+        if self.zero_stage is None:
+            self.zero_stage = int(env_text("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+        if self.offload_optimizer_device is None:
+            self.offload_optimizer_device = env_text(
+                "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none"
+            )
+        if self.offload_param_device is None:
+            self.offload_param_device = env_text(
+                "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none"
+            )
+        if self.offload_optimizer_nvme_path is None:
+            self.offload_optimizer_nvme_path = env_text(
+                "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "none"
+            )
+        if self.offload_param_nvme_path is None:
+            self.offload_param_nvme_path = env_text(
+                "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", "none"
+            )
+        if self.zero3_save_16bit_model is None:
+            self.zero3_save_16bit_model = (
+                env_text("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true"
+            )
+        if self.enable_msamp is None:
+            self.enable_msamp = env_text("ACCELERATE_FP8_BACKEND") == "MSAMP"
+        if self.msamp_opt_level is None:
+            self.msamp_opt_level = env_text("ACCELERATE_FP8_OPT_LEVEL", "O1")
+        if self.hf_ds_config is None:
+            self.hf_ds_config = env_text("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+
+        given = self.hf_ds_config
+        if isinstance(given, (dict, DeepSpeedConfig)) or (
+            isinstance(given, str) and given != "none"
+        ):
+            self._adopt_user_config(given)
+        else:
+            self.hf_ds_config = DeepSpeedConfig(self._config_from_fields())
+        self.deepspeed_config = self.hf_ds_config.config
+        self.deepspeed_config["steps_per_print"] = float("inf")  # keep DeepSpeed quiet on stdout
+        if self.zero3_init_flag is None:
+            raw = env_text("ACCELERATE_DEEPSPEED_ZERO3_INIT", str(self.hf_ds_config.is_zero3()))
+            self.zero3_init_flag = as_bool(raw, "ACCELERATE_DEEPSPEED_ZERO3_INIT")
+        if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
+            warnings.warn(
+                "zero3_init_flag only applies to ZeRO stage 3; setting it to False.", stacklevel=3
+            )
+            self.zero3_init_flag = False
+        self._selected = False
+        if self.enable_msamp and "msamp" not in self.deepspeed_config:
+            if self.zero_stage == 3:
+                raise NotImplementedError(
+                    "MS-AMP does not support ZeRO stage 3: use stage 0, 1 or 2."
+                )
+            if self.msamp_opt_level not in ("O1", "O2"):
+                raise ValueError(
+                    f"msamp_opt_level must be 'O1' or 'O2', got {self.msamp_opt_level!r}."
+                )
+            self.deepspeed_config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level}
+        self._check_zero_options()
+
+    def _adopt_user_config(self, given: Any) -> None:
+        config = given if isinstance(given, DeepSpeedConfig) else DeepSpeedConfig(given)
+        self.hf_ds_config = config
+        config.config.setdefault("gradient_accumulation_steps", 1)
+        if "zero_optimization" not in config.config:
+            raise ValueError(
+                "The DeepSpeed config has no `zero_optimization` section: add one (e.g. "
+                '{"zero_optimization": {"stage": 2}}).'
+            )
+        values = {key: getattr(self, field) for field, key in PLUGIN_TO_CONFIG.items()}
+        values = {k: v for k, v in values.items() if v is not None}
+        for key in values:
+            self.fill_match(key, must_match=False, **values)
+        config.set_stage_and_offload()
+        for field, key in PLUGIN_TO_CONFIG.items():
+            value = config.get_value(key)
+            if value is not None and value != "auto":
+                setattr(self, field, value)
+
+    def _config_from_fields(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "zero_optimization": {
+                "stage": self.zero_stage,
+                "offload_optimizer": {
+                    "device": self.offload_optimizer_device,
+                    "nvme_path": self.offload_optimizer_nvme_path
+                    if self.offload_optimizer_device == "nvme"
+                    else None,
+                },
+                "offload_param": {
+                    "device": self.offload_param_device,
+                    "nvme_path": self.offload_param_nvme_path
+                    if self.offload_param_device == "nvme"
+                    else None,
+                },
+                "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model,
+            },
+        }
+        if self.gradient_clipping is not None:
+            # Written even when 0: DeepSpeed's own default clips at 1.0, so 0 must be explicit to mean off.
+            config["gradient_clipping"] = self.gradient_clipping
+        return config
+
+    def _check_zero_options(self) -> None:
+        stage = self.hf_ds_config.get_value("zero_optimization.stage")
+        if stage not in (None, 0, 1, 2, 3, "auto"):  # None: DeepSpeed's default, stage 0
+            raise ValueError(f"DeepSpeed zero_stage must be 0, 1, 2 or 3, got {stage!r}.")
+        param_device = str(
+            self.hf_ds_config.get_value("zero_optimization.offload_param.device", "none")
+        )
+        if param_device not in ("none", "None") and stage != 3:
+            raise ValueError(
+                f"offload_param_device={param_device!r} needs ZeRO stage 3 (parameters are only partitioned "
+                f"at stage 3); this config uses stage {stage}. Use zero_stage=3 or offload_param_device='none'."
+            )
+        optimizer_device = str(
+            self.hf_ds_config.get_value("zero_optimization.offload_optimizer.device", "none")
+        )
+        if optimizer_device not in ("none", "None") and stage in (0,):
+            raise ValueError(
+                f"offload_optimizer_device={optimizer_device!r} needs ZeRO stage 1, 2 or 3; this config uses "
+                "stage 0."
+            )
+        for kind, device in (("param", param_device), ("optimizer", optimizer_device)):
+            path = self.hf_ds_config.get_value(f"zero_optimization.offload_{kind}.nvme_path")
+            if device == "nvme" and path in (None, "none", "None", ""):
+                raise ValueError(
+                    f"offload_{kind}_device='nvme' needs offload_{kind}_nvme_path (a folder on an NVMe "
+                    "drive)."
+                )
+
+    # -- "auto" filling ---------------------------------------------------------------------------
+    def fill_match(
+        self,
+        ds_key_long: str,
+        mismatches: list[str] | None = None,
+        must_match: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """Replace an "auto" value at `ds_key_long` by `kwargs[ds_key_long]`; record a mismatch otherwise."""
+        mismatches = [] if mismatches is None else mismatches
+        node, key = self.hf_ds_config.find_config_node(ds_key_long)
+        if node is None:
+            return
+        if node.get(key) == "auto":
+            if ds_key_long not in kwargs:
+                raise ValueError(
+                    f"`{ds_key_long}` is 'auto' in the DeepSpeed config but Cadence cannot fill it here: set "
+                    "it to a value in the config."
+                )
+            node[key] = kwargs[ds_key_long]
+            return
+        if not must_match:
+            return
+        value = node.get(key)
+        if value is not None and ds_key_long in kwargs and value != kwargs[ds_key_long]:
+            mismatches.append(
+                f"- ds {ds_key_long}={value} vs arg {ds_key_long}={kwargs[ds_key_long]}"
+            )
+
+    def is_auto(self, ds_key_long: str) -> bool:
+        value = self.hf_ds_config.get_value(ds_key_long)
+        return value is not None and value == "auto"
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        return self.hf_ds_config.get_value(ds_key_long, default)
+
+    def deepspeed_config_process(
+        self,
+        prefix: str = "",
+        mismatches: list[str] | None = None,
+        config: dict | None = None,
+        must_match: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """Fill every "auto" value of the config from `kwargs` (dotted keys); raise on mismatches."""
+        mismatches = [] if mismatches is None else mismatches
+        config = self.deepspeed_config if config is None else config
+        for key, value in config.items():
+            if isinstance(value, dict):
+                self.deepspeed_config_process(
+                    prefix=prefix + key + ".",
+                    mismatches=mismatches,
+                    config=value,
+                    must_match=must_match,
+                    **kwargs,
+                )
+            else:
+                self.fill_match(prefix + key, mismatches, must_match=must_match, **kwargs)
+        if mismatches and prefix == "":
+            raise ValueError(
+                "These DeepSpeed config values do not match the Accelerator's:\n"
+                + "\n".join(mismatches)
+                + "\nSet them to 'auto' in the DeepSpeed config to take the Accelerator's values."
+            )
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Turn on the config's fp16/bf16 section to match the Accelerator's mixed precision."""
+        config = self.deepspeed_config
+        enabled = {
+            "fp16.enabled": mixed_precision == "fp16",
+            "bf16.enabled": mixed_precision in ("bf16", "fp8"),
+        }
+        if mixed_precision == "fp16" and "fp16" not in config:
+            config["fp16"] = {"enabled": True, "auto_cast": True}
+        elif mixed_precision in ("bf16", "fp8") and "bf16" not in config:
+            config["bf16"] = {"enabled": True}
+        if mixed_precision == "fp8" and self.enable_msamp and "msamp" not in config:
+            config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level}
+        if mixed_precision != "no":
+            other = "bf16" if mixed_precision == "fp16" else "fp16"
+            if str(config.get(other, {}).get("enabled", "False")).lower() == "true":
+                raise ValueError(
+                    f"mixed_precision={mixed_precision!r} conflicts with `{other}` enabled in the DeepSpeed "
+                    "config: choose one."
+                )
+        for dtype in ("fp16", "bf16"):
+            config.setdefault(dtype, {"enabled": False})
+        self.fill_match("fp16.enabled", must_match=False, **enabled)
+        self.fill_match("bf16.enabled", must_match=False, **enabled)
+
+    # -- ZeRO-3 init, selection -------------------------------------------------------------------
+    def set_deepspeed_weakref(self) -> None:
+        """Tell transformers (if installed) about this config, so `from_pretrained` can use zero.Init."""
+        try:
+            from transformers.integrations import HfDeepSpeedConfig, unset_hf_deepspeed_config
+        except ImportError:
+            if self.zero3_init_flag:
+                raise ImportError(
+                    "zero3_init_flag=True needs transformers (`pip install transformers`)."
+                ) from None
+            return
+        config = copy.deepcopy(self.deepspeed_config)
+        if config.get("gradient_accumulation_steps", "auto") == "auto":
+            config["gradient_accumulation_steps"] = 1
+        if config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+            config["train_micro_batch_size_per_gpu"] = 1
+        if config.get("train_batch_size") == "auto":
+            del config["train_batch_size"]
+        unset_hf_deepspeed_config()
+        self.dschf = HfDeepSpeedConfig(config)
+
+    def is_zero3_init_enabled(self) -> bool:
+        return bool(self.zero3_init_flag)
+
+    @contextmanager
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        previous = self.zero3_init_flag
+        if previous == enable:
+            yield
+            return
+        self.zero3_init_flag = enable
+        self.dschf = None
+        self.set_deepspeed_weakref()
+        try:
+            yield
+        finally:
+            self.zero3_init_flag = previous
+            self.dschf = None
+            self.set_deepspeed_weakref()
+
+    def set_moe_leaf_modules(self, model: Any) -> None:
+        if self.transformer_moe_cls_names is None:
+            self.transformer_moe_cls_names = env_text("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES")
+        if self.transformer_moe_cls_names is None:
+            return
+        from deepspeed.utils import set_z3_leaf_modules
+
+        from .fsdp import find_module_class
+
+        classes = []
+        for name in self.transformer_moe_cls_names.split(","):
+            cls = find_module_class(model, name.strip())
+            if cls is None:
+                raise ValueError(f"Could not find a MoE layer class called {name!r} in the model.")
+            classes.append(cls)
+        set_z3_leaf_modules(model, classes)
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        if not _from_accelerator_state:
+            raise ValueError(
+                "Activate a DeepSpeedPlugin with AcceleratorState().select_deepspeed_plugin(name)."
+            )
+        self._selected = True
+
+    def _unselect(self) -> None:
+        self._selected = False
+
+    @property
+    def selected(self) -> bool:
+        return self._selected
+
+    @selected.setter
+    def selected(self, value: bool) -> None:
+        raise NotImplementedError(
+            "`selected` is set through AcceleratorState().select_deepspeed_plugin(name)."
+        )
+
+
+class DummyOptim:
+    """Stands for the optimizer defined in the DeepSpeed config (its `params`, `lr`, `weight_decay`)."""
+
+    def __init__(
+        self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any
+    ) -> None:
+        self.params = params
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.kwargs = kwargs
+
+
+class DummyScheduler:
+    """Stands for the scheduler defined in the DeepSpeed config (or built by `lr_scheduler_callable`)."""
+
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        lr_scheduler_callable: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.optimizer = optimizer
+        self.total_num_steps = total_num_steps
+        self.warmup_num_steps = warmup_num_steps
+        self.lr_scheduler_callable = lr_scheduler_callable
+        self.kwargs = kwargs
+
+
+def deepspeed_plugin_from_launch(record: dict[str, Any]) -> DeepSpeedPlugin:
+    """The plugin described by the `deepspeed` entry of `cadence launch`'s settings record."""
+    config_file = record.get("deepspeed_config_file")
+    if config_file:
+        clashing = [
+            f for f in record.get("fields_from_config", []) if f in FIELDS_OWNED_BY_CONFIG_FILE
+        ]
+        if clashing:
+            raise ValueError(
+                f"With a DeepSpeed config file ({config_file}), set these in that file instead of the cadence "
+                f"config: {', '.join(clashing)}."
+            )
+        return DeepSpeedPlugin(
+            hf_ds_config=config_file, zero3_init_flag=record.get("zero3_init_flag")
+        )
+    kwargs: dict[str, Any] = {
+        "zero_stage": record.get("zero_stage", 2),
+        "offload_optimizer_device": record.get("offload_optimizer_device") or "none",
+        "offload_param_device": record.get("offload_param_device") or "none",
+        "offload_optimizer_nvme_path": record.get("offload_optimizer_nvme_path") or "none",
+        "offload_param_nvme_path": record.get("offload_param_nvme_path") or "none",
+        "zero3_init_flag": record.get("zero3_init_flag"),
+        "zero3_save_16bit_model": record.get("zero3_save_16bit_model"),
+        "transformer_moe_cls_names": record.get("deepspeed_moe_layer_cls_names"),
+    }
+    if record.get("gradient_clipping") is not None:
+        kwargs["gradient_clipping"] = float(record["gradient_clipping"])
+    return DeepSpeedPlugin(**kwargs)

@@ -1,0 +1,329 @@
+"""ParallelismConfig: how the processes are arranged in a device mesh (data replicate / shard, tensor,
+context and sequence parallel sizes), and the small per-dimension settings classes."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..enums import DistributedType
+
+# Outermost dimension first: replicas, then shards, then the dimensions whose ranks see the same batch.
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+
+
+@dataclass
+class TorchTensorParallelPlugin:
+    """Deprecated: use `ParallelismConfig(tp_size=...)`."""
+
+    tp_size: int = 1
+    torch_device_mesh: Any = None
+
+
+@dataclass
+class TorchTensorParallelConfig:
+    """Tensor parallel options. Async TP needs fused kernels that are not used here, so it is ignored.
+
+    `tp_plan` (a Cadence extension) splits a plain model: a dict from module name (with `*` wildcards)
+    to "colwise" / "rowwise" / "colwise_rep" / "rowwise_rep" / "sequence_parallel" or a
+    `ParallelStyle`, or a callable `plan(model, tp_mesh)`. Without it the model's own `tp_plan` is used.
+    """
+
+    enable_async_tp: bool = False
+    tp_plan: Any = None
+
+    def __post_init__(self) -> None:
+        if self.enable_async_tp:
+            warnings.warn(
+                "Async tensor parallelism is not supported; ignoring enable_async_tp.", stacklevel=3
+            )
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """Context parallel options: how the ring attention exchanges key/value shards."""
+
+    cp_comm_strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cp_comm_strategy is None:
+            self.cp_comm_strategy = os.environ.get(
+                "PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather"
+            )
+        if self.cp_comm_strategy not in ("allgather", "alltoall"):
+            raise ValueError(
+                f"cp_comm_strategy must be 'allgather' or 'alltoall', got {self.cp_comm_strategy!r}."
+            )
+
+
+@dataclass
+class DeepSpeedSequenceParallelConfig:
+    """Sequence parallel (DeepSpeed Ulysses) options."""
+
+    sp_seq_length: int | None = None
+    sp_seq_length_is_variable: bool | None = None
+    sp_attn_implementation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sp_seq_length_is_variable is None:
+            raw = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
+            self.sp_seq_length_is_variable = raw.lower() == "true"
+        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
+            raw = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
+            if raw is None:
+                raise ValueError(
+                    "sp_seq_length_is_variable=False needs sp_seq_length (or the environment variable "
+                    "PARALLELISM_CONFIG_SP_SEQ_LENGTH)."
+                )
+            self.sp_seq_length = None if raw == "None" else int(raw)
+        if self.sp_attn_implementation is None:
+            self.sp_attn_implementation = os.environ.get(
+                "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"
+            )
+
+
+def _env_size(name: str) -> int:
+    return int(os.environ.get(f"PARALLELISM_CONFIG_{name.upper()}", "1"))
+
+
+@dataclass
+class ParallelismConfig:
+    """Sizes of each parallel dimension; their product must equal the number of processes.
+
+    `dp_shard_size > 1` shards the model (FSDP2); with `dp_replicate_size > 1` too, that is hybrid
+    sharding (HSDP). `tp_size > 1` splits layers by the model's tensor parallel plan; every rank of
+    one tensor parallel group sees the same batch.
+    """
+
+    dp_replicate_size: int | None = None
+    dp_shard_size: int | None = None
+    tp_size: int | None = None
+    cp_size: int | None = None
+    cp_backend: str | None = None
+    sp_size: int | None = None
+    sp_backend: str | None = None
+    tp_handler: TorchTensorParallelConfig | None = None
+    cp_handler: TorchContextParallelConfig | None = None
+    sp_handler: DeepSpeedSequenceParallelConfig | None = None
+    device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            attr = f"{name}_size"
+            if getattr(self, attr) is None:
+                setattr(self, attr, _env_size(attr))
+            value = getattr(self, attr)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{attr} must be an integer of at least 1, got {value!r}.")
+        if self.cp_backend is None:
+            self.cp_backend = os.environ.get("PARALLELISM_CONFIG_CP_BACKEND", "torch")
+        if self.sp_backend is None:
+            self.sp_backend = os.environ.get("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
+        if self.cp_backend != "torch":
+            raise ValueError(f"cp_backend must be 'torch', got {self.cp_backend!r}.")
+        if self.sp_backend != "deepspeed":
+            raise ValueError(f"sp_backend must be 'deepspeed', got {self.sp_backend!r}.")
+        if self.tp_size > 1 and self.tp_handler is None:
+            self.tp_handler = TorchTensorParallelConfig()
+        if self.cp_size > 1:
+            if self.cp_handler is None:
+                self.cp_handler = TorchContextParallelConfig()
+            elif not isinstance(self.cp_handler, TorchContextParallelConfig):
+                raise ValueError(
+                    f"cp_backend='torch' needs cp_handler=TorchContextParallelConfig(...), got "
+                    f"{type(self.cp_handler).__name__}."
+                )
+        if self.sp_size > 1 and self.sp_handler is None:
+            self.sp_handler = DeepSpeedSequenceParallelConfig()
+        if self.cp_size > 1 and self.sp_size > 1:
+            raise ValueError(
+                f"Context parallelism and sequence parallelism cannot be combined (cp_size={self.cp_size}, "
+                f"sp_size={self.sp_size}): set one of them to 1."
+            )
+        if (
+            (self.tp_size > 1 or self.cp_size > 1)
+            and self.dp_replicate_size > 1
+            and self.dp_shard_size == 1
+        ):
+            raise ValueError(
+                "Tensor/context parallelism cannot be combined with pure replication "
+                "(dp_replicate_size > 1, dp_shard_size == 1): use dp_shard_size > 1 for FSDP + TP/CP "
+                "(or HSDP + TP/CP with both > 1)."
+            )
+
+    # -- sizes and dimension names ------------------------------------------------------------------
+    @property
+    def _sizes(self) -> dict[str, int]:
+        return {
+            "dp_replicate": self.dp_replicate_size,
+            "dp_shard": self.dp_shard_size,
+            "tp": self.tp_size,
+            "cp": self.cp_size,
+            "sp": self.sp_size,
+        }
+
+    def _set_size(self, parallelism: str, size: int) -> None:
+        if parallelism not in self._sizes:
+            raise ValueError(f"Unknown parallel dimension {parallelism!r}.")
+        setattr(self, f"{parallelism}_size", size)
+
+    @property
+    def total_size(self) -> int:
+        return (
+            self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+        )
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        return self.tp_size * self.cp_size * self.sp_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard_size > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp_size > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp_size > 1
+
+    @property
+    def sp_enabled(self) -> bool:
+        return self.sp_size > 1
+
+    @property
+    def dp_dim_names(self) -> list[str]:
+        return [n for n in ("dp_replicate", "dp_shard") if self._sizes[n] > 1]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        return [n for n in ("tp", "cp", "sp") if self._sizes[n] > 1]
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        return [n for n in ("dp_shard", "cp") if self._sizes[n] > 1]
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        return [n for n in ("dp_replicate", "dp_shard", "cp") if self._sizes[n] > 1]
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        return self.dp_dim_names + self.non_dp_dim_names
+
+    # -- the device mesh ----------------------------------------------------------------------------
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        names = sorted(self.active_mesh_dims, key=MESH_ORDER.index)
+        return tuple(names), tuple(self._sizes[n] for n in names)
+
+    def build_device_mesh(self, device_type: str) -> Any:
+        """The `DeviceMesh` of the active dimensions, plus the flattened `dp`, `dp_shard_cp`, `dp_cp`."""
+        if self.sp_enabled:
+            return None  # DeepSpeed builds its own sequence parallel groups
+        names, shape = self._get_mesh()
+        if not names:
+            return None
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        for flat_name, dims in (
+            ("dp", self.dp_dim_names),
+            ("dp_shard_cp", self.dp_shard_cp_dim_names),
+            ("dp_cp", self.dp_cp_dim_names),
+        ):
+            if dims:
+                mesh[tuple(dims)]._flatten(flat_name)
+        return mesh
+
+    def get_device_mesh(self, device_type: str | None = None) -> Any:
+        if self.device_mesh is None:
+            if device_type is None:
+                raise ValueError(
+                    "get_device_mesh() needs a device_type (e.g. 'cuda' or 'cpu') the first time."
+                )
+            self.device_mesh = self.build_device_mesh(device_type)
+        elif device_type is not None and self.device_mesh.device_type != device_type:
+            raise ValueError(
+                f"The device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}."
+            )
+        return self.device_mesh
+
+    def _validate_accelerator(self, accelerator: Any) -> None:
+        """Check the sizes against the processes and the distributed type (fills dp_replicate for DDP)."""
+        num_processes = accelerator.num_processes
+        if num_processes == 1 and self.total_size == 1:
+            return
+        if self.total_size == 1:
+            self._set_size("dp_replicate", num_processes)
+        if self.sp_enabled:
+            raise NotImplementedError(
+                "Sequence parallelism (sp_size > 1) runs through DeepSpeed Ulysses, which Cadence does not "
+                "support yet. Use sp_size=1."
+            )
+        if self.total_size != num_processes:
+            raise ValueError(
+                f"ParallelismConfig total_size ({self.total_size} = dp_replicate {self.dp_replicate_size} x "
+                f"dp_shard {self.dp_shard_size} x tp {self.tp_size} x cp {self.cp_size}) does not match the "
+                f"number of processes ({num_processes}). Adjust the sizes so their product is {num_processes}."
+            )
+        is_fsdp2 = bool(getattr(accelerator, "is_fsdp2", False))
+        distributed_type = accelerator.distributed_type
+        if is_fsdp2 and not (self.dp_shard_enabled or self.cp_enabled):
+            raise ValueError(
+                "FSDP is enabled but the ParallelismConfig has no dimension to shard over (dp_shard_size "
+                "and cp_size are both 1): set dp_shard_size > 1, or launch without FSDP."
+            )
+        if distributed_type == DistributedType.FSDP and not is_fsdp2:
+            raise ValueError(
+                "ParallelismConfig needs FSDP version 2 (fsdp_version=2), DDP or DeepSpeed; FSDP1 "
+                "cannot use a device mesh here."
+            )
+        for name, size in self._sizes.items():
+            if size == 1 and getattr(self, f"{name}_handler", None) is not None:
+                if accelerator.is_main_process:
+                    warnings.warn(
+                        f"ParallelismConfig.{name}_handler is set but {name}_size is 1: it is ignored.",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelismConfig(dp_replicate_size={self.dp_replicate_size}, "
+            f"dp_shard_size={self.dp_shard_size}, tp_size={self.tp_size}, cp_size={self.cp_size}, "
+            f"cp_backend={self.cp_backend!r}, sp_size={self.sp_size}, sp_backend={self.sp_backend!r}, "
+            f"total_size={self.total_size}, tp_handler={self.tp_handler}, cp_handler={self.cp_handler})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for name in (
+            "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size",
+            "sp_backend", "tp_handler", "cp_handler", "sp_handler",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            result[name] = dict(vars(value)) if hasattr(value, "__dict__") else value
+        return result
+
+
+def parallelism_from_env() -> ParallelismConfig | None:
+    """A ParallelismConfig from PARALLELISM_CONFIG_* when ACCELERATE_USE_PARALLELISM_CONFIG is true."""
+    if os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+        return ParallelismConfig()
+    return None

@@ -1,0 +1,133 @@
+"""Which sharded / model-parallel backend a training asks for, from the Accelerator's arguments, the
+`cadence launch` settings record, or the reference's environment variables (in that order).
+
+Runs before any process group exists, so every bad combination fails before a side effect.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ._env import as_bool
+
+
+def _env_true(name: str) -> bool:
+    raw = os.environ.get(name)
+    return raw is not None and as_bool(raw, name)
+
+
+@dataclass
+class ParallelPlugins:
+    fsdp_plugin: Any = None
+    deepspeed_plugins: Any = None  # one DeepSpeedPlugin, or a dict name -> DeepSpeedPlugin
+    parallelism_config: Any = None
+
+
+def resolve_parallel_plugins(
+    *,
+    fsdp_plugin: Any,
+    deepspeed_plugins: Any,
+    torch_tp_plugin: Any,
+    parallelism_config: Any,
+    launch: dict[str, Any],
+) -> ParallelPlugins:
+    from .deepspeed import DeepSpeedPlugin, deepspeed_missing_error, deepspeed_plugin_from_launch
+    from .fsdp import FullyShardedDataParallelPlugin, fsdp_plugin_from_launch
+    from .parallelism import ParallelismConfig, TorchTensorParallelPlugin, parallelism_from_env
+
+    if fsdp_plugin is not None and not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+        raise TypeError(
+            f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}."
+        )
+    if fsdp_plugin is None:
+        if isinstance(launch.get("fsdp"), dict):
+            fsdp_plugin = fsdp_plugin_from_launch(launch["fsdp"])
+        elif _env_true("ACCELERATE_USE_FSDP"):
+            fsdp_plugin = FullyShardedDataParallelPlugin()
+
+    if deepspeed_plugins is not None:
+        plugins = (
+            deepspeed_plugins.values()
+            if isinstance(deepspeed_plugins, dict)
+            else [deepspeed_plugins]
+        )
+        if isinstance(deepspeed_plugins, dict) and not deepspeed_plugins:
+            raise ValueError("deepspeed_plugins={} is empty: pass at least one DeepSpeedPlugin.")
+        for plugin in plugins:
+            if not isinstance(plugin, DeepSpeedPlugin):
+                raise TypeError(
+                    "deepspeed_plugin(s) must be a DeepSpeedPlugin or a dict of them, got "
+                    f"{type(plugin).__name__}."
+                )
+    elif isinstance(launch.get("deepspeed"), dict):
+        deepspeed_plugins = deepspeed_plugin_from_launch(launch["deepspeed"])
+    elif _env_true("ACCELERATE_USE_DEEPSPEED"):
+        deepspeed_plugins = DeepSpeedPlugin()
+    if deepspeed_plugins is not None and importlib.util.find_spec("deepspeed") is None:
+        raise deepspeed_missing_error("DeepSpeed training (deepspeed_plugin / --use_deepspeed)")
+    if fsdp_plugin is not None and deepspeed_plugins is not None:
+        raise ValueError(
+            "Both FSDP and DeepSpeed were asked for (plugins, launch flags or ACCELERATE_USE_* variables): "
+            "choose one."
+        )
+
+    if parallelism_config is not None and not isinstance(parallelism_config, ParallelismConfig):
+        raise TypeError(
+            f"parallelism_config must be a ParallelismConfig, got {type(parallelism_config).__name__}."
+        )
+    if parallelism_config is None:
+        if torch_tp_plugin is not None:
+            if not isinstance(torch_tp_plugin, TorchTensorParallelPlugin):
+                raise TypeError(
+                    "torch_tp_plugin must be a TorchTensorParallelPlugin, got "
+                    f"{type(torch_tp_plugin).__name__}."
+                )
+            parallelism_config = ParallelismConfig(tp_size=torch_tp_plugin.tp_size)
+        else:
+            parallelism_config = parallelism_from_env()
+    if parallelism_config is not None and parallelism_config.cp_enabled:
+        if fsdp_plugin is None or fsdp_plugin.fsdp_version != 2:
+            raise ValueError(
+                "cp_size > 1 (context parallelism) needs FSDP2: pass "
+                "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)."
+            )
+    return ParallelPlugins(fsdp_plugin, deepspeed_plugins, parallelism_config)
+
+
+def configure_state(state: Any, plugins: ParallelPlugins) -> None:
+    """Set the AcceleratorState's plugins and distributed type (after the process group exists)."""
+    from ..enums import DistributedType
+
+    state.fsdp_plugin = None
+    state.deepspeed_plugins = None
+    state.parallelism_config = plugins.parallelism_config
+    state.device_mesh = None
+    if plugins.deepspeed_plugins is not None:
+        state.distributed_type = DistributedType.DEEPSPEED
+        deepspeed = plugins.deepspeed_plugins
+        named = deepspeed if isinstance(deepspeed, dict) else {"default": deepspeed}
+        for plugin in named.values():
+            plugin.set_mixed_precision(state._mixed_precision)
+        next(iter(named.values())).select(_from_accelerator_state=True)
+        state.deepspeed_plugins = deepspeed
+    elif plugins.fsdp_plugin is not None:
+        state.fsdp_plugin = plugins.fsdp_plugin
+        if state.num_processes > 1:
+            state.distributed_type = DistributedType.FSDP
+            if state._mixed_precision != "no":
+                plugins.fsdp_plugin.set_mixed_precision(state._mixed_precision)
+            if plugins.fsdp_plugin.fsdp_version == 1:
+                from ..strategies.fsdp1 import check_fsdp1_supported
+
+                check_fsdp1_supported(plugins.fsdp_plugin, state.device, state.process_index)
+
+
+def setup_device_mesh(accelerator: Any) -> None:
+    """Check the ParallelismConfig against the processes and build its device mesh (all ranks)."""
+    config = accelerator.state.parallelism_config
+    config._validate_accelerator(accelerator)
+    if config.total_size > 1 and accelerator.num_processes > 1:
+        accelerator.state.device_mesh = config.get_device_mesh(accelerator.device.type)

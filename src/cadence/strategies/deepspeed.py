@@ -1,0 +1,254 @@
+"""DeepSpeed ZeRO (stages 0-3): `prepare` builds the DeepSpeed engine from the model, optimizer and
+scheduler; `backward` runs the engine's backward and, on gradient-sync steps, its step (which clips,
+updates, zeroes the gradients and steps a DeepSpeed scheduler). The engine scales the loss for
+accumulation and mixed precision itself.
+
+On CPU DeepSpeed runs with its CPU accelerator over the existing gloo group. Its shared-memory
+all-reduce is a C++ op built on first use (about a minute) and cached under this Python environment
+(`TORCH_EXTENSIONS_DIR`); set `CADENCE_DEEPSPEED_SHM_COMM=0` to skip it and reduce through gloo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..optimizer import AcceleratedOptimizer
+from ..scheduler import AcceleratedScheduler
+from .base import Strategy
+
+CHECKPOINT_TAG = "pytorch_model"
+
+
+def import_deepspeed(device: torch.device) -> Any:
+    """Import deepspeed for this device (the CPU accelerator on CPU), with a clear error if missing."""
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    try:
+        import deepspeed
+    except ImportError:
+        from ..plugins.deepspeed import deepspeed_missing_error
+
+        raise deepspeed_missing_error() from None
+    if device.type == "cpu" and os.environ.get("CADENCE_DEEPSPEED_SHM_COMM", "1").lower() in (
+        "0",
+        "false",
+        "no",
+    ):
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+class DeepSpeedEngineWrapper:
+    """Runs the engine's backward, then its step at gradient accumulation boundaries."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
+        self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
+        self.engine.backward(loss, **kwargs)
+        if sync_gradients:
+            self.engine.step()
+
+    def get_global_grad_norm(self) -> float | None:
+        norm = self.engine.get_global_grad_norm()
+        return norm.item() if hasattr(norm, "item") else norm
+
+
+class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
+    """The engine steps and zeroes the optimizer inside `backward`; these calls are no-ops."""
+
+    def __init__(self, optimizer: Any) -> None:
+        super().__init__(optimizer, device_placement=False, scaler=None)
+        self._reports_overflow = hasattr(self.optimizer, "overflow")
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        pass
+
+    def step(self, closure: Any = None) -> None:
+        pass
+
+    @property
+    def step_was_skipped(self) -> bool:
+        return bool(self.optimizer.overflow) if self._reports_overflow else False
+
+
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+    """A DeepSpeed scheduler is stepped by the engine; `step` here is a no-op."""
+
+    def __init__(self, scheduler: Any, optimizers: Any) -> None:
+        super().__init__(scheduler, optimizers)
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class DeepSpeedStrategy(Strategy):
+    name = "deepspeed"
+    divides_loss_for_accumulation = False
+    saves_sharded_state = True
+
+    def __init__(self, accelerator: Any) -> None:
+        super().__init__(accelerator)
+        self.deepspeed = import_deepspeed(accelerator.device)
+        self._ensure_process_group()
+        self.engine_wrapper: DeepSpeedEngineWrapper | None = None
+
+    def _ensure_process_group(self) -> None:
+        if dist.is_initialized():
+            self.deepspeed.init_distributed(dist_backend=dist.get_backend())
+            return
+        # One process without a process group: DeepSpeed needs one, of size 1.
+        from ..topology import detect_topology
+
+        topology = detect_topology()
+        os.environ.setdefault("MASTER_ADDR", topology.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(topology.master_port))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        backend = "nccl" if self.accelerator.device.type == "cuda" else "gloo"
+        self.deepspeed.init_distributed(dist_backend=backend)
+
+    @property
+    def plugin(self) -> Any:
+        return self.accelerator.state.deepspeed_plugin
+
+    # -- prepare ----------------------------------------------------------------------------------
+    def prepare_group(
+        self, objects: list[Any], kinds: list[str], placements: list[Any]
+    ) -> list[Any] | None:
+        from .deepspeed_prepare import build_engine
+
+        if any(p is not None for p in placements):
+            raise ValueError(
+                "device_placement cannot be customized with DeepSpeed: leave it unset."
+            )
+        if kinds.count("model") > 1:
+            raise ValueError(
+                "DeepSpeed takes one model per Accelerator: prepare each model with its own Accelerator "
+                "(and DeepSpeedPlugin)."
+            )
+        if "model" not in kinds:
+            if any(k in ("optimizer", "scheduler") for k in kinds) and not self._has_engine:
+                raise ValueError(
+                    "With DeepSpeed, pass the model together with its optimizer (and scheduler) to one "
+                    "prepare() call: the engine is built from all of them."
+                )
+            return None
+        return build_engine(self, objects, kinds)
+
+    @property
+    def _has_engine(self) -> bool:
+        return self.engine_wrapper is not None
+
+    def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        raise ValueError(
+            "With DeepSpeed, prepare the model with accelerator.prepare(model, optimizer, ...): the engine "
+            "is built from the model and its optimizer together."
+        )
+
+    # -- the training step ------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if self.engine_wrapper is None:
+            raise RuntimeError(
+                "accelerator.backward() with DeepSpeed needs a model prepared first."
+            )
+        sync = self.accelerator.gradient_state.sync_gradients
+        self.engine_wrapper.backward(loss, sync_gradients=sync, **kwargs)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if self.is_wrapped(model) else model
+
+    def is_wrapped(self, model: Any) -> bool:
+        return isinstance(model, self.deepspeed.DeepSpeedEngine)
+
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager:
+        # ZeRO 2/3 partition gradients while accumulating; only stages 0/1 can skip the all-reduce.
+        if (
+            self.plugin.zero_stage < 2
+            and hasattr(model, "no_sync")
+            and self.accelerator.use_distributed
+        ):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> Any:
+        """DeepSpeed clips inside its step (`gradient_clipping`); this returns the norm it measured."""
+        if self.engine_wrapper is None:
+            return None
+        return self.engine_wrapper.get_global_grad_norm()
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        raise NotImplementedError(
+            "DeepSpeed clips gradients by norm only: set gradient_clipping in the DeepSpeedPlugin or config."
+        )
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        config = self.plugin.deepspeed_config
+        if config["zero_optimization"]["stage"] == 3:
+            if not model.zero_gather_16bit_weights_on_model_save():
+                raise ValueError(
+                    f"[rank {self.accelerator.process_index}] ZeRO-3 keeps each weight partitioned: the "
+                    "whole state dict is only gathered when stage3_gather_16bit_weights_on_model_save is "
+                    "true. Set zero3_save_16bit_model=True in the DeepSpeedPlugin (or that key in the "
+                    "DeepSpeed config), or save a sharded checkpoint with save_state()."
+                )
+            return model._zero3_consolidated_16bit_state_dict()
+        from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+
+        return clone_tensors_for_torch_save(self.unwrap(model).state_dict())
+
+    def save_sharded_state(
+        self, directory: Any, models: list[Any], optimizers: list[Any]
+    ) -> list[str]:
+        """`engine.save_checkpoint` into `directory` (one tag per model); returns this rank's files."""
+        base = Path(directory)
+        tags = []
+        for index, engine in enumerate(models):
+            tag = CHECKPOINT_TAG if index == 0 else f"{CHECKPOINT_TAG}_{index}"
+            engine.save_checkpoint(str(base), tag)
+            tags.append(tag)
+        dist.barrier()
+        return _files_of_rank(base, tags, self.accelerator.process_index)
+
+    def load_sharded_state(self, directory: Any, models: list[Any], optimizers: list[Any]) -> None:
+        for index, engine in enumerate(models):
+            tag = CHECKPOINT_TAG if index == 0 else f"{CHECKPOINT_TAG}_{index}"
+            if not (Path(directory) / tag).is_dir():
+                raise FileNotFoundError(
+                    f"[rank {self.accelerator.process_index}] No DeepSpeed checkpoint {tag!r} in {directory}."
+                )
+            path, _ = engine.load_checkpoint(str(directory), tag)
+            if path is None:
+                raise RuntimeError(
+                    f"DeepSpeed could not load the checkpoint {tag!r} from {directory}."
+                )
+
+
+_RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
+
+
+def _files_of_rank(base: Path, tags: list[str], rank: int) -> list[str]:
+    """The files DeepSpeed wrote for `rank`: its ZeRO partitions; rank 0 also the shared ones."""
+    written = [p for tag in tags for p in (base / tag).rglob("*") if p.is_file()]
+    written += [base / name for name in ("latest", "zero_to_fp32.py") if (base / name).is_file()]
+    mine = []
+    for path in sorted(written):
+        match = _RANK_FILE.search(path.name)
+        owner = int(match.group(1)) if match else 0
+        if owner == rank:
+            mine.append(path.relative_to(base).as_posix())
+    return mine

@@ -1,0 +1,128 @@
+"""What the sharded backends (FSDP2, FSDP1, tensor parallel) share: re-pointing an optimizer at the
+sharded parameters, clipping by the global norm, and checkpoints through torch.distributed.checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .base import Strategy
+from .grad_norm import clip_grad_norm_global
+from .param_remap import ParameterRemap
+
+
+class ShardedStrategy(Strategy):
+    """What the sharded backends share: optimizer re-pointing, global clipping, sharded checkpoints."""
+
+    saves_sharded_state = True
+
+    def __init__(self, accelerator: Any) -> None:
+        super().__init__(accelerator)
+        self.remap = ParameterRemap()
+        _use_sharded_grad_scaler(accelerator)
+
+    @property
+    def plugin(self) -> Any:
+        return self.accelerator.state.fsdp_plugin
+
+    def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.remap.apply(optimizer)
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
+        return clip_grad_norm_global(list(parameters), max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        # Each shard clips its own values: elementwise clipping needs no communication.
+        for p in parameters:
+            if p.grad is not None:
+                grad = p.grad
+                local = grad.to_local() if hasattr(grad, "to_local") else grad
+                local.clamp_(-clip_value, clip_value)
+
+    # Full state dicts are gathered into the main process's CPU memory (FSDP1 on CPU cannot).
+    _full_state_offload = True
+
+    def _state_model(self, model: Any) -> torch.nn.Module:
+        """The module whose state dict is the checkpoint: the prepared model without torch.compile."""
+        return getattr(model, "_orig_mod", model)
+
+    def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        from .sharded_state import full_model_state_dict
+
+        return full_model_state_dict(self._state_model(model))
+
+    @property
+    def _full_checkpoints(self) -> bool:
+        plugin = self.plugin
+        return plugin is not None and not plugin.is_sharded_state_dict
+
+    def _owners(self, models: Sequence[Any], optimizers: Sequence[Any]) -> list[Any]:
+        """For each optimizer, the model whose parameters it trains."""
+        owners = []
+        for optimizer in optimizers:
+            inner = getattr(optimizer, "optimizer", optimizer)
+            ids = {id(p) for g in inner.param_groups for p in g["params"]}
+            owner = next(
+                (m for m in models if any(id(p) in ids for p in m.parameters())), models[0]
+            )
+            owners.append(owner)
+        return owners
+
+    def save_sharded_state(
+        self, directory: Any, models: Sequence[Any], optimizers: Sequence[Any]
+    ) -> list[str]:
+        """Write models' and optimizers' state into `directory`; return the files this rank wrote.
+
+        Collective: every rank calls it with the same models and optimizers.
+        """
+        from .sharded_state import save_sharded
+
+        models = [self._state_model(m) for m in models]
+        return save_sharded(
+            directory,
+            models,
+            optimizers,
+            full=self._full_checkpoints,
+            optimizer_models=self._owners(models, optimizers),
+            offload=self._full_state_offload,
+        )
+
+    def load_sharded_state(
+        self, directory: Any, models: Sequence[Any], optimizers: Sequence[Any]
+    ) -> None:
+        """Load what `save_sharded_state` wrote (possibly by another number of processes). Collective."""
+        from .sharded_state import load_sharded
+
+        models = [self._state_model(m) for m in models]
+        load_sharded(
+            directory,
+            models,
+            optimizers,
+            full=self._full_checkpoints,
+            optimizer_models=self._owners(models, optimizers),
+        )
+
+
+def _use_sharded_grad_scaler(accelerator: Any) -> None:
+    """fp16: every rank must agree on skipping a step, but each sees only its gradient shards. The
+    sharded scaler all-reduces the overflow flag (a plain GradScaler would let ranks disagree)."""
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is None or not accelerator.use_distributed:
+        return
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    if isinstance(scaler, ShardedGradScaler):
+        return
+    sharded = ShardedGradScaler(
+        accelerator.device.type,
+        init_scale=scaler._init_scale,
+        growth_factor=scaler._growth_factor,
+        backoff_factor=scaler._backoff_factor,
+        growth_interval=scaler._growth_interval,
+        enabled=scaler._enabled,
+    )
+    accelerator.scaler = accelerator.precision.scaler = sharded

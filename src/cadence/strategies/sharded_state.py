@@ -1,0 +1,225 @@
+"""Saving and loading the state of sharded models and their optimizers.
+
+Two layouts, chosen by the FSDP plugin's `state_dict_type` (file names as in the reference):
+- sharded: one `torch.distributed.checkpoint` folder per model (`pytorch_model_fsdp_{i}/`) and per
+  optimizer (`optimizer_{i}/`); every rank writes its own shard, and the folders can be loaded by any
+  number of processes (or merged with `cadence merge-weights`);
+- full: the main process writes `pytorch_model_fsdp[_{i}].bin` and `optimizer[_{i}].bin`.
+
+The save functions write into the folder they are given (the caller commits it atomically) and return
+the files this rank wrote, relative to that folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MODEL_DIR = "pytorch_model_fsdp_{index}"
+OPTIMIZER_DIR = "optimizer_{index}"
+FULL_MODEL_FILE = "pytorch_model_fsdp.bin"
+FULL_OPTIMIZER_FILE = "optimizer.bin"
+
+
+def _indexed(name: str, index: int) -> str:
+    stem, suffix = os.path.splitext(name)
+    return name if index == 0 else f"{stem}_{index}{suffix}"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    from ..optimizer import AcceleratedOptimizer
+
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _options(full: bool, offload: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, cpu_offload=full and offload)
+
+
+def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole (unsharded) state dict on the main process, on CPU; an empty dict on the others."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(True))
+
+
+def _files_of_this_rank(folder: Path, base: Path) -> list[str]:
+    """The files of a checkpoint folder that this rank wrote: its `__{rank}_*.distcp`, and the rest on rank 0."""
+    rank = _rank()
+    mine = []
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file():
+            continue
+        name = path.name
+        if name.endswith(".distcp"):
+            owner = name[2:].split("_", 1)[0] if name.startswith("__") else "0"
+            if owner.isdigit() and int(owner) == rank:
+                mine.append(path.relative_to(base).as_posix())
+        elif rank == 0:
+            mine.append(path.relative_to(base).as_posix())
+    return mine
+
+
+def save_sharded(
+    directory: str | os.PathLike,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[Any],
+    *,
+    full: bool,
+    optimizer_models: Sequence[torch.nn.Module] | None = None,
+    offload: bool = True,
+) -> list[str]:
+    """Write the models' and optimizers' state into `directory`; return this rank's files.
+
+    `optimizer_models[i]` is the model whose parameters optimizer `i` trains (the first model by default).
+    `offload=False` gathers full state dicts on every rank instead of on the main process's CPU memory
+    (FSDP1 on CPU cannot do the latter).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    base = Path(directory)
+    base.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    for index, model in enumerate(models):
+        state = get_model_state_dict(model, options=_options(full, offload))
+        if full:
+            name = _indexed(FULL_MODEL_FILE, index)
+            if _rank() == 0:
+                torch.save(state, base / name)
+                written.append(name)
+        else:
+            folder = base / MODEL_DIR.format(index=index)
+            folder.mkdir(exist_ok=True)
+            dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+            written += _files_of_this_rank(folder, base)
+    owners = list(optimizer_models or [])
+    for index, optimizer in enumerate(optimizers):
+        model = owners[index] if index < len(owners) else models[0]
+        inner = _inner_optimizer(optimizer)
+        state = get_optimizer_state_dict(model, inner, options=_options(full, offload))
+        if full:
+            name = _indexed(FULL_OPTIMIZER_FILE, index)
+            if _rank() == 0:
+                torch.save(state, base / name)
+                written.append(name)
+        else:
+            folder = base / OPTIMIZER_DIR.format(index=index)
+            folder.mkdir(exist_ok=True)
+            dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(folder))
+            written += _files_of_this_rank(folder, base)
+    return written
+
+
+def _require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"[rank {_rank()}] Cannot load the {what}: {path} does not exist. Was this checkpoint saved "
+            "with the same FSDP state_dict_type (FULL_STATE_DICT / SHARDED_STATE_DICT) and number of models?"
+        )
+    return path
+
+
+def load_sharded(
+    directory: str | os.PathLike,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[Any],
+    *,
+    full: bool,
+    optimizer_models: Sequence[torch.nn.Module] | None = None,
+) -> None:
+    """Load what `save_sharded` wrote into the (already sharded) models and optimizers."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    base = Path(directory)
+    # Every rank checks the files before the first collective, so a missing file cannot hang the others.
+    for index in range(len(models)):
+        if full:
+            if _rank() == 0:
+                _require(base / _indexed(FULL_MODEL_FILE, index), f"model {index}")
+        else:
+            _require(base / MODEL_DIR.format(index=index), f"sharded model {index}")
+    for index in range(len(optimizers)):
+        if full:
+            if _rank() == 0:
+                _require(base / _indexed(FULL_OPTIMIZER_FILE, index), f"optimizer {index}")
+        else:
+            _require(base / OPTIMIZER_DIR.format(index=index), f"sharded optimizer {index}")
+
+    for index, model in enumerate(models):
+        if full:
+            state = (
+                torch.load(base / _indexed(FULL_MODEL_FILE, index), weights_only=True)
+                if _rank() == 0
+                else {}
+            )
+            set_model_state_dict(model, state, options=_broadcast_options())
+        else:
+            state = {"model": get_model_state_dict(model, options=_options(False))}
+            dcp.load(
+                state, storage_reader=dcp.FileSystemReader(base / MODEL_DIR.format(index=index))
+            )
+            set_model_state_dict(model, state["model"], options=_options(False))
+    owners = list(optimizer_models or [])
+    for index, optimizer in enumerate(optimizers):
+        model = owners[index] if index < len(owners) else models[0]
+        inner = _inner_optimizer(optimizer)
+        if full:
+            state = (
+                torch.load(base / _indexed(FULL_OPTIMIZER_FILE, index), weights_only=True)
+                if _rank() == 0
+                else {}
+            )
+            set_optimizer_state_dict(model, inner, state, options=_broadcast_options())
+        else:
+            state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
+            dcp.load(
+                state, storage_reader=dcp.FileSystemReader(base / OPTIMIZER_DIR.format(index=index))
+            )
+            set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
+
+
+def _broadcast_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+
+def merge_sharded_checkpoint(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
+    """Read a `torch.distributed.checkpoint` folder in this one process into one full state dict."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state,
+        storage_reader=dcp.FileSystemReader(os.fspath(checkpoint_dir)),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
+    if len(state) == 1 and isinstance(next(iter(state.values())), dict):
+        state = next(iter(state.values()))
+    return state
