@@ -1,7 +1,7 @@
 """A small regression model trained on every process of the job, the same script on 1 or N processes.
 
-    cadence launch --num_processes 2 examples/train_regression.py
-    python examples/train_regression.py            # one process
+cadence launch --num_processes 2 examples/train_regression.py
+python examples/train_regression.py            # one process
 """
 
 import torch
@@ -51,7 +51,9 @@ def main() -> None:
                 predictions, targets = accelerator.gather_for_metrics((predictions, y))
                 squared_errors.append((predictions - targets).pow(2))
         errors = torch.cat(squared_errors)
-        accelerator.print(f"epoch {epoch}: eval MSE {errors.mean().item():.4f} over {len(errors)} samples")
+        accelerator.print(
+            f"epoch {epoch}: eval MSE {errors.mean().item():.4f} over {len(errors)} samples"
+        )
     accelerator.wait_for_everyone()
     weights = accelerator.unwrap_model(model).weight.detach().squeeze().tolist()
     accelerator.print("learned weights:", [round(w, 2) for w in weights])

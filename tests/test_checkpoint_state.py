@@ -345,3 +345,43 @@ def register_bad():
     from cadence import Accelerator
 
     Accelerator().register_for_checkpointing(object())
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def tied_round_trip(directory):
+    from cadence import Accelerator
+
+    acc = Accelerator()
+    model = acc.prepare(Tied())
+    acc.save_state(directory)
+    original = acc.unwrap_model(model).embed.weight.detach().clone()
+    with torch.no_grad():
+        acc.unwrap_model(model).embed.weight.zero_()
+    acc.load_state(directory)
+    inner = acc.unwrap_model(model)
+    return torch.equal(inner.embed.weight, original), inner.head.weight is inner.embed.weight
+
+
+def test_tied_weights_survive_a_strict_round_trip(dist_pool, tmp_path):
+    assert dist_pool(1).run(tied_round_trip, str(tmp_path / "tied")) == [(True, True)]
+
+
+def register_string():
+    from cadence import Accelerator
+
+    try:
+        Accelerator().register_for_checkpointing("x")
+    except ValueError as error:  # the reference's type (Cadence's error is also a TypeError)
+        return isinstance(error, TypeError)
+    return None
+
+
+def test_register_for_checkpointing_error_is_a_value_error_too(dist_pool):
+    assert dist_pool(1).run(register_string) == [True]

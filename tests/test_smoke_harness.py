@@ -5,7 +5,11 @@ def ranks_and_gather():
     from cadence import Accelerator
 
     acc = Accelerator()
-    return acc.process_index, acc.num_processes, acc.gather(torch.tensor([acc.process_index])).tolist()
+    return (
+        acc.process_index,
+        acc.num_processes,
+        acc.gather(torch.tensor([acc.process_index])).tolist(),
+    )
 
 
 def test_pool(dist_pool):

@@ -759,7 +759,14 @@ class Accelerator:
             max_shard_size
         )  # on every rank, so no rank waits for a failed main process
         if os.path.isfile(save_directory):
-            raise ValueError(f"save_model needs a directory, but {save_directory} is a file.")
+            # The reference logs this and returns rather than raising.
+            import logging
+
+            logging.getLogger(__name__).error(
+                "save_model: %s should be a directory, not a file; nothing was saved.",
+                save_directory,
+            )
+            return
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
             save_model(

@@ -14,6 +14,8 @@ from typing import Any
 
 from .checkpointing import (
     AsyncCheckpointSaver,
+    apply_model_state,
+    cleanup_checkpoints_dir,
     CheckpointError,
     begin_checkpoint,
     capture_rng_state,
@@ -128,6 +130,8 @@ def save_state(
     wait_for_async_save(accelerator)
     config = accelerator.project_configuration
     rank, world = accelerator.process_index, accelerator.num_processes
+    if config.automatic_checkpoint_naming and accelerator.is_main_process and final.parent.is_dir():
+        cleanup_checkpoints_dir(final.parent)  # leftovers of saves killed earlier
     writer = begin_checkpoint(final, token=_shared_token(accelerator), rank=rank)
     accelerator.__dict__["_checkpoint_output_dir"] = str(writer.tmp_dir)
     try:
@@ -140,7 +144,12 @@ def save_state(
         writer.abort()
         raise
     metadata = {"cadence_files_by": "save_state", "step": accelerator.step}
-    limit = config.total_limit if config.automatic_checkpoint_naming else None
+    # total_limit=0 keeps only the checkpoint just written, as in the reference.
+    limit = (
+        max(config.total_limit, 1)
+        if config.automatic_checkpoint_naming and config.total_limit is not None
+        else None
+    )
     if async_save:
         saver = accelerator.__dict__.setdefault("_async_saver", AsyncCheckpointSaver())
         snapshot = saver.snapshot(files)
@@ -273,7 +282,7 @@ def load_state(
 def _apply(accelerator, weights, optimizers, schedulers, scaler, customs, loaders, rng, strict):
     for i, state in weights.items():
         target = accelerator.unwrap_model(accelerator._models[i])
-        target.load_state_dict(state, strict=strict)
+        apply_model_state(target, state, strict=strict)  # refills tied weights stored once
     for optimizer, state in zip(accelerator._optimizers, optimizers):
         optimizer.load_state_dict(state)
     for scheduler, state in zip(accelerator._schedulers, schedulers):
@@ -289,6 +298,11 @@ def _apply(accelerator, weights, optimizers, schedulers, scaler, customs, loader
         accelerator.step = int(rng.get("step", accelerator.step))
 
 
+class NotCheckpointableError(TypeError, ValueError):
+    """An object given to register_for_checkpointing lacks state_dict / load_state_dict (the reference
+    raises ValueError; TypeError describes it better, so it is both)."""
+
+
 def check_checkpointable(objects: tuple[Any, ...]) -> None:
     invalid = [
         f"#{i} ({type(obj).__name__})"
@@ -299,7 +313,7 @@ def check_checkpointable(objects: tuple[Any, ...]) -> None:
         )
     ]
     if invalid:
-        raise TypeError(
+        raise NotCheckpointableError(
             "register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
             f"these have not: {', '.join(invalid)}."
         )

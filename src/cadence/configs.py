@@ -69,9 +69,11 @@ class ProjectConfiguration:
             self.project_dir = os.fspath(self.project_dir)
         self.set_directories(self.project_dir)
         if self.total_limit is not None and (
-            not isinstance(self.total_limit, int) or self.total_limit < 1
+            not isinstance(self.total_limit, int) or self.total_limit < 0
         ):
-            raise ValueError(f"total_limit must be a positive integer, got {self.total_limit!r}.")
+            raise ValueError(
+                f"total_limit must be a non-negative integer, got {self.total_limit!r}."
+            )
 
 
 @dataclass

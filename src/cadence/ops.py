@@ -203,8 +203,9 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, num_processes: int) -> tor
     return result
 
 
-def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Reduce tensors across ranks; every rank gets the result.
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Reduce tensors across ranks; every rank gets the result (`cadence.utils.reduce` defaults to
+    "mean" and `Accelerator.reduce` to "sum", as in the reference).
 
     `scale` is honoured only on XLA, as in the reference; 'none' behaves like the reference too (it
     sums, without dividing).

@@ -89,7 +89,9 @@ class PartialState:
         topology = detect_topology()
         from .diagnostics.settings import resolve_watch_settings
 
-        watch = resolve_watch_settings(kwargs.get("stuck_timeout"), launch)  # fails before side effects
+        watch = resolve_watch_settings(
+            kwargs.get("stuck_timeout"), launch
+        )  # fails before side effects
         self.debug = bool(
             launch.get("debug") or env_flag("CADENCE_DEBUG") or env_flag("ACCELERATE_DEBUG_MODE")
         )

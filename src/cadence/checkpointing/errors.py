@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 
-class CheckpointError(Exception):
+class CheckpointError(ValueError):  # the reference raises ValueError for unusable folders
     """A checkpoint folder cannot be used. `problems` lists one line per file that is wrong."""
 
     def __init__(self, message: str, *, path: str | os.PathLike | None = None, problems=()):

@@ -16,7 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check that this machine's set-up trains correctly",
         description="Runs collectives, a few training steps and a checkpoint round-trip on the configured processes.",
     )
-    parser.add_argument("--config_file", "--config-file", default=None, help="the config file to launch with")
+    parser.add_argument(
+        "--config_file", "--config-file", default=None, help="the config file to launch with"
+    )
     parser.set_defaults(func=run)
 
 
@@ -34,5 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if result.returncode == 0:
         print(SUCCESS)
     else:
-        print(f"cadence test: the check failed (exit code {result.returncode}); see the output above.", file=sys.stderr)
+        print(
+            f"cadence test: the check failed (exit code {result.returncode}); see the output above.",
+            file=sys.stderr,
+        )
     return result.returncode

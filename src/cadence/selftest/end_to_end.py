@@ -20,7 +20,9 @@ def check_collectives(accelerator) -> None:
     n, rank = accelerator.num_processes, accelerator.process_index
     gathered = accelerator.gather(torch.tensor([rank], device=accelerator.device))
     check(gathered.tolist() == list(range(n)), f"gather of ranks gave {gathered.tolist()}")
-    total = accelerator.reduce(torch.tensor([rank + 1.0], device=accelerator.device), reduction="sum")
+    total = accelerator.reduce(
+        torch.tensor([rank + 1.0], device=accelerator.device), reduction="sum"
+    )
     check(total.item() == n * (n + 1) / 2, f"reduce(sum) gave {total.item()}")
     from cadence.utils import broadcast_object_list, gather_object
 
@@ -35,7 +37,9 @@ def make_loader(batch_size: int):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=generator)
     y = x @ torch.tensor([[2.0], [-1.0], [0.5], [1.0]])
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size, shuffle=True)
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=batch_size, shuffle=True
+    )
 
 
 def train_steps(accelerator, model, optimizer, loader, steps: int) -> float:
@@ -68,14 +72,18 @@ def check_training_and_checkpoint(accelerator) -> None:
     check(torch.equal(saved, restored), "load_state did not restore the saved weights")
     weights = accelerator.gather(restored.reshape(1, -1))
     check(bool((weights == weights[0]).all()), "ranks hold different weights after training")
-    accelerator.print(f"  training ok (loss {first:.4f} -> {continued:.4f}); checkpoint round-trip ok")
+    accelerator.print(
+        f"  training ok (loss {first:.4f} -> {continued:.4f}); checkpoint round-trip ok"
+    )
 
 
 def main() -> None:
     from cadence import Accelerator
 
     accelerator = Accelerator()
-    accelerator.print(f"Running the Cadence self-test on {accelerator.num_processes} process(es)...")
+    accelerator.print(
+        f"Running the Cadence self-test on {accelerator.num_processes} process(es)..."
+    )
     check_collectives(accelerator)
     check_training_and_checkpoint(accelerator)
     accelerator.wait_for_everyone()
