@@ -14,12 +14,12 @@ from typing import Any
 
 from .checkpointing import (
     AsyncCheckpointSaver,
-    apply_model_state,
-    cleanup_checkpoints_dir,
     CheckpointError,
+    apply_model_state,
     begin_checkpoint,
     capture_rng_state,
     checkpoints_dir,
+    cleanup_checkpoints_dir,
     latest_checkpoint,
     new_token,
     next_iteration,
