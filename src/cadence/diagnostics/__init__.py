@@ -14,8 +14,10 @@ Always on when a job has more than one process (started by PartialState):
 - **fail fast** (hooks.py): an uncaught exception on one rank is recorded, and the other ranks stop
   within a watchdog tick saying "rank k failed: ..."; under a launcher they give it a moment to stop
   them first, so the launcher sees the failing rank end first;
-- on gloo, a 4-number **handshake** before each Cadence collective (precheck.py), so mismatched calls
-  raise `DistributedOperationException` on every rank instead of crashing the backend (SIGABRT).
+- opt-in on gloo (`CADENCE_HANDSHAKE=1`), a 4-number **handshake** before each Cadence collective
+  (precheck.py), so mismatched calls raise `DistributedOperationException` on every rank instead of
+  crashing the backend (SIGABRT). It is off by default because it doubles the latency of small
+  collectives; without it the watchdog still stops and reports diverging ranks within seconds.
 
 Settings:
 
@@ -30,5 +32,5 @@ Settings:
   launch config, default 30 minutes;
 - debug mode (`CADENCE_DEBUG=1`, `cadence launch --debug`): every rank swaps the full description of
   each collective before it runs, on every backend;
-- `CADENCE_HANDSHAKE=0` turns the gloo handshake off; `CADENCE_LEDGER=0` turns all of the above off.
+- `CADENCE_HANDSHAKE=1` turns the gloo handshake on; `CADENCE_LEDGER=0` turns all of the above off.
 """
