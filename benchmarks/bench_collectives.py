@@ -111,8 +111,8 @@ def main():
         "CADENCE_HANDSHAKE=1 (opt-in) adds a pre-collective handshake that turns mismatched calls into errors"
     )
     print(f"{'operation':15s} {'size':>6s}  {'default':>8s}  {'CADENCE_HANDSHAKE=1':>20s}")
-    for (name, size, ratio), (_, _, without) in zip(columns["0"], columns["1"]):
-        print(f"{name:15s} {size:>6s}  {ratio:8.3f}  {without:20.3f}")
+    for (name, size, ratio), (_, _, opt_in) in zip(columns["0"], columns["1"]):
+        print(f"{name:15s} {size:>6s}  {ratio:8.3f}  {opt_in:20.3f}")
 
 
 if __name__ == "__main__":
