@@ -15,14 +15,9 @@ from .. import config as config_files
 from .launch_args import str_to_bool
 
 GPU_DISTRIBUTED_TYPES = {
-    "MULTI_GPU",
-    "MULTI_NPU",
-    "MULTI_MLU",
-    "MULTI_SDAA",
-    "MULTI_MUSA",
-    "MULTI_XPU",
-    "MULTI_HPU",
-    "MULTI_NEURON",
+    kind
+    for kind in config_files.CLUSTER_DISTRIBUTED_TYPES
+    if kind.startswith("MULTI_") and kind != "MULTI_CPU"
 }
 
 
