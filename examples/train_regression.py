@@ -29,12 +29,12 @@ def main() -> None:
     train_loader = DataLoader(make_dataset(), batch_size=16, shuffle=True)
     eval_loader = DataLoader(make_dataset(100), batch_size=16)
     model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=200)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=len(train_loader) * 8)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
-    for epoch in range(5):
+    for epoch in range(8):
         model.train()
         for x, y in train_loader:
             with accelerator.accumulate(model):

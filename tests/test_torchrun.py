@@ -51,3 +51,19 @@ def test_demo_example_runs(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "gather of every rank's index: [0, 1]" in result.stdout
     assert result.stdout.count("inside main_process_first") == 2
+
+
+def test_demo_training_example_through_cadence_launch():
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "train_regression.py")
+    cadence = os.path.join(os.path.dirname(sys.executable), "cadence")
+    result = subprocess.run(
+        [cadence, "launch", "--num_processes", "2", example],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training on 2 process(es): MULTI_CPU" in result.stdout
+    # gather_for_metrics drops the duplicated samples: exactly the 100 evaluation samples
+    assert result.stdout.count("over 100 samples") == 8
+    learned = result.stdout.split("learned weights:")[1].strip()
+    weights = [float(w) for w in learned.strip("[]").split(",")]
+    assert all(abs(w - target) < 0.5 for w, target in zip(weights, range(1, 9)))
