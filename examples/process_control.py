@@ -8,7 +8,7 @@ from cadence import Accelerator
 accelerator = Accelerator()
 print(
     f"rank {accelerator.process_index} of {accelerator.num_processes} "
-    f"({accelerator.distributed_type}, backend {accelerator.state.backend}, device {accelerator.device})",
+    f"({accelerator.distributed_type.value}, backend {accelerator.state.backend}, device {accelerator.device})",
     flush=True,
 )
 

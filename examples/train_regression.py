@@ -23,7 +23,7 @@ def main() -> None:
     accelerator = Accelerator()
     set_seed(42)
     accelerator.print(
-        f"Training on {accelerator.num_processes} process(es): {accelerator.distributed_type}, "
+        f"Training on {accelerator.num_processes} process(es): {accelerator.distributed_type.value}, "
         f"device {accelerator.device}, mixed precision {accelerator.mixed_precision}"
     )
     train_loader = DataLoader(make_dataset(), batch_size=16, shuffle=True)

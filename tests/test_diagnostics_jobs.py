@@ -12,8 +12,6 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 from harness import free_port
 
 SCRIPT = textwrap.dedent(
@@ -168,9 +166,8 @@ def test_a_stalled_rank_is_named_with_where_everyone_waits(tmp_path):
     print(f"report after {headline.group(1)} s of waiting (stuck timeout 2 s)")
 
 
-@pytest.mark.parametrize("mode", [{"CADENCE_HANDSHAKE": "1"}, {"CADENCE_DEBUG": "1"}])
-def test_mismatched_collectives_raise_the_same_clear_error_on_every_rank(tmp_path, mode):
-    result = run_job(tmp_path, "mismatch", 2, env=mode)
+def test_mismatched_collectives_raise_the_same_clear_error_on_every_rank(tmp_path):
+    result = run_job(tmp_path, "mismatch", 2, env={"CADENCE_HANDSHAKE": "1"})
     assert result.returncode == 0, result.output
     for rank in range(2):
         ops = (tmp_path / f"ops.rank{rank}.txt").read_text()

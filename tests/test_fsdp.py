@@ -276,7 +276,7 @@ def train_as_launched():
     model, optimizer = acc.prepare(model, optimizer)
     train_with(acc, model, optimizer, GLOBAL_BATCH, 4)
     plugin = acc.state.fsdp_plugin
-    settings = (str(acc.distributed_type), acc.is_fsdp2, plugin.reshard_after_forward)
+    settings = (acc.distributed_type.value, acc.is_fsdp2, plugin.reshard_after_forward)
     return settings, acc.get_state_dict(model)
 
 

@@ -39,11 +39,13 @@ def test_notebook_and_debug_launcher_from_a_script(tmp_path):
         capture_output=True, text=True, timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [(tmp_path / f"nb{r}.txt").read_text() for r in range(2)] == ["2 MULTI_CPU bf16 3.0"] * 2
+    assert [(tmp_path / f"nb{r}.txt").read_text() for r in range(2)] == [
+        "2 DistributedType.MULTI_CPU bf16 3.0"
+    ] * 2
     assert [(tmp_path / f"debug{r}.txt").read_text() for r in range(3)] == [
-        "3 MULTI_CPU no 6.0"
+        "3 DistributedType.MULTI_CPU no 6.0"
     ] * 3
-    assert (tmp_path / "single0.txt").read_text() == "1 NO no 1.0"
+    assert (tmp_path / "single0.txt").read_text() == "1 DistributedType.NO no 1.0"
 
 
 FAILING = textwrap.dedent(

@@ -271,7 +271,7 @@ def test_state_attributes(dist_pool, n):
         assert r["last"] == (rank == n - 1)
         assert r["distributed"] == (n > 1) and r["type"] and r["shared"]
         assert r["backend"] == ("gloo" if n > 1 else None)
-        assert r["device"] == "cpu"
+        assert r["device"] == ("cpu:0" if n > 1 else "cpu")
 
 
 def test_spec_gather_example_on_four_processes(dist_pool):
@@ -367,7 +367,7 @@ def test_split_between_processes_spec_example(dist_pool):
 def test_split_between_processes_kinds(dist_pool):
     pool = dist_pool(3)
     assert pool.run(split, list(range(7)), False) == [[0, 1, 2], [3, 4], [5, 6]]
-    assert pool.run(split, (1, 2), False) == [(1,), (2,), (2,)]
+    assert pool.run(split, (1, 2), False) == [(1,), (2,), ()]
     assert pool.run(split, (1, 2), True) == [(1,), (2,), (2,)]
     assert pool.run(split, torch.arange(4), True) == [[0, 1], [2, 3], [3, 3]]
     assert pool.run(split, {"a": [1, 2, 3], "b": torch.tensor([4, 5, 6])}, False)[1]["a"] == [2]

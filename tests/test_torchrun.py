@@ -38,8 +38,8 @@ def test_two_processes_under_torchrun_are_really_distributed(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert lines == [
-        "RESULT 0 2 MULTI_CPU gloo 77.0 [0, 10]",
-        "RESULT 1 2 MULTI_CPU gloo 77.0 [0, 10]",
+        "RESULT 0 2 DistributedType.MULTI_CPU gloo 77.0 [0, 10]",
+        "RESULT 1 2 DistributedType.MULTI_CPU gloo 77.0 [0, 10]",
     ]
     # The group is destroyed at exit: no warning about a leaked process group.
     assert "destroy_process_group() was not called" not in result.stderr

@@ -16,7 +16,7 @@ class StrEnum(str, enum.Enum):
         return [member.value for member in cls]
 
 
-class DistributedType(StrEnum):
+class DistributedType(str, enum.Enum):  # no __str__ override: prints like the reference
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
@@ -92,6 +92,6 @@ class DDPCommunicationHookType(StrEnum):
     BATCHED_POWER_SGD = "batched_power_sgd"
 
 
-class ComputeEnvironment(StrEnum):
+class ComputeEnvironment(str, enum.Enum):
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"

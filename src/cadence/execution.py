@@ -143,22 +143,21 @@ def _split_values(value: Any, start: int, end: int, target_len: int, apply_paddi
             (k, _split_values(v, start, end, target_len, apply_padding)) for k, v in value.items()
         )
     if hasattr(value, "select") and hasattr(value, "column_names"):  # a datasets.Dataset
-        chosen = range(start, end) if start < len(value) else range(len(value) - 1, len(value))
-        return value.select(chosen)
+        return value.select(range(start, min(end, len(value))))
     if not _is_sliceable(value):
         return value
-    part = value[-1:] if start >= len(value) else value[start:end]
+    part = value[start:end]  # empty for the ranks past the end (padding fills them)
     if apply_padding and len(value) > 0 and len(part) < target_len:
         missing = target_len - len(part)
         if isinstance(part, torch.Tensor):
-            filler = value[-1:].expand(missing, *value.shape[1:])
+            filler = value[-1:].expand(missing, *value.shape[1:]).to(part.device)
             part = torch.cat([part, filler], dim=0)
         elif isinstance(part, tuple):
-            part = part + (part[-1],) * missing
+            part = part + (value[-1],) * missing
         elif isinstance(part, list):
-            part = part + [part[-1]] * missing
+            part = part + [value[-1]] * missing
         else:
-            part = list(part) + [part[-1]] * missing
+            part = list(part) + [value[-1]] * missing
     return part
 
 

@@ -56,7 +56,8 @@ def _choose_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():
             return torch.device("mps")
-    return torch.device("cpu")
+    # Several CPU processes get `cpu:0`, one `cpu`: what the reference reports.
+    return torch.device("cpu", 0) if world_size > 1 else torch.device("cpu")
 
 
 def _distributed_type_for(backend: str | None, world_size: int) -> DistributedType:

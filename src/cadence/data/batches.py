@@ -71,7 +71,9 @@ def initialize_tensors(data_structure: Any, device: Any = None) -> Any:
 def _on_device(data: Any, device: torch.device) -> bool:
     """Whether every leaf of a batch is a tensor already on `device` (or a plain value)."""
     if isinstance(data, torch.Tensor):
-        return data.device == device
+        here = data.device
+        # `cpu` and `cpu:0` are the same memory; for other devices the index matters.
+        return here.type == device.type and (here.type == "cpu" or here.index == device.index)
     if isinstance(data, (list, tuple)):
         return all(_on_device(item, device) for item in data)
     if isinstance(data, Mapping):

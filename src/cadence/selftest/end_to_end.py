@@ -30,7 +30,7 @@ def check_collectives(accelerator) -> None:
     message = ["from the main process"] if accelerator.is_main_process else [None]
     check(broadcast_object_list(message) == ["from the main process"], "broadcast_object_list")
     accelerator.wait_for_everyone()
-    accelerator.print(f"  collectives ok on {n} process(es) ({accelerator.distributed_type})")
+    accelerator.print(f"  collectives ok on {n} process(es) ({accelerator.distributed_type.value})")
 
 
 def make_loader(batch_size: int):

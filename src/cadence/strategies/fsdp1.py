@@ -80,7 +80,7 @@ class FSDP1Strategy(ShardedStrategy):
             "forward_prefetch": bool(plugin.forward_prefetch),
             "use_orig_params": bool(plugin.use_orig_params),
             "limit_all_gathers": plugin.limit_all_gathers,
-            "device_id": self.accelerator.device,
+            "device_id": _fsdp_device(self.accelerator.device),
         }
         if plugin.param_init_fn is not None:
             kwargs["param_init_fn"] = plugin.param_init_fn
@@ -197,3 +197,8 @@ class FSDP1Strategy(ShardedStrategy):
         if not offload and dist.get_rank() != 0:
             return {}
         return state
+
+
+def _fsdp_device(device: torch.device) -> torch.device:
+    # FSDP1 compares device_id with where the module's tensors are; CPU tensors report plain `cpu`.
+    return torch.device("cpu") if device.type == "cpu" else device
