@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 
 import torch
 
 from . import ops
+from .accelerator_checkpoints import CheckpointMethods
+from .accelerator_processes import ProcessControlMethods
+from .accelerator_tracking import TrackingMethods
 from .configs import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 from .enums import DistributedType
 from .input_errors import with_rank
@@ -21,7 +23,7 @@ from .state import AcceleratorState, GradientState
 _SPLIT_BATCHES_UNSET = object()
 
 
-class Accelerator:
+class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
     """Creates the distributed set-up (or adopts the one already there) and prepares training objects."""
 
     def __init__(
@@ -249,69 +251,6 @@ class Accelerator:
     @property
     def torch_device_mesh(self) -> Any:
         return self.state.device_mesh
-
-    # -- execution control ------------------------------------------------------------------------
-    def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
-        """Block until every process reaches this point (nothing happens on one process)."""
-        self.state.partial_state.wait_for_everyone(timeout)
-
-    @contextmanager
-    def main_process_first(self):
-        with self.state.partial_state.main_process_first():
-            yield
-
-    @contextmanager
-    def local_main_process_first(self):
-        with self.state.partial_state.local_main_process_first():
-            yield
-
-    @contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
-        with self.state.partial_state.split_between_processes(inputs, apply_padding) as part:
-            yield part
-
-    def on_main_process(self, function=None):
-        return self.state.partial_state.on_main_process(function)
-
-    def on_local_main_process(self, function=None):
-        return self.state.partial_state.on_local_main_process(function)
-
-    def on_last_process(self, function=None):
-        return self.state.partial_state.on_last_process(function)
-
-    def on_process(self, function=None, process_index: int | None = None):
-        return self.state.partial_state.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function=None, local_process_index: int | None = None, **kwargs: Any
-    ):
-        return self.state.partial_state.on_local_process(
-            function, local_process_index=local_process_index, **kwargs
-        )
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print`, once per machine."""
-        self.state.partial_state.print(*args, **kwargs)
-
-    def set_trigger(self) -> None:
-        """Raise this process's flag; the next `check_trigger` on every process sees it."""
-        self.state.partial_state.set_trigger()
-
-    def check_trigger(self) -> bool:
-        """True on every process if any process called `set_trigger` (then the flag resets)."""
-        return self.state.partial_state.check_trigger()
-
-    # -- collectives --------------------------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        return ops.gather(tensor)
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return ops.reduce(tensor, reduction, scale)
-
-    def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
-    ) -> Any:
-        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     # -- preparing objects ------------------------------------------------------------------------
     @property
@@ -636,143 +575,3 @@ class Accelerator:
     def clear(self, *objects: Any) -> tuple[Any, ...]:
         """Alias of free_memory."""
         return self.free_memory(*objects)
-
-    # -- experiment tracking, profiling ----------------------------------------------------------------
-    @property
-    def trackers(self) -> list[Any]:
-        return self._tracker_hub.trackers
-
-    @property
-    def log_with(self) -> list[Any]:
-        return self._tracker_hub.log_with
-
-    def init_trackers(
-        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
-    ) -> None:
-        """Start a run named `project_name` on every tracker (main process only by default)."""
-        self._tracker_hub.init_trackers(project_name, config, init_kwargs)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called `name` (its own run object with `unwrap=True`); a no-op stand-in elsewhere."""
-        return self._tracker_hub.get_tracker(name, unwrap)
-
-    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """Log `values` at `step` to every tracker."""
-        self._tracker_hub.log(values, step, log_kwargs)
-
-    def end_training(self) -> None:
-        """Finish the trackers, wait for pending checkpoint writes, and destroy the process group."""
-        self._tracker_hub.end_training()
-        self._wait_for_async_save()
-        self.state.destroy_process_group()
-
-    def _wait_for_async_save(self) -> None:
-        saver = self.__dict__.get("_async_saver")
-        if saver is not None:
-            saver.wait()
-
-    @contextmanager
-    def profile(self, profile_handler: Any = None):
-        """Profile the block with torch.profiler; writes a Chrome trace per rank if output_trace_dir is set."""
-        from .profiling import profile
-
-        with profile(profile_handler or self.profile_handler, self.state) as profiler:
-            yield profiler
-
-    # -- checkpoints ------------------------------------------------------------------------------------
-    def save_state(
-        self,
-        output_dir: str | os.PathLike | None = None,
-        safe_serialization: bool = True,
-        **save_model_func_kwargs: Any,
-    ) -> str:
-        """Save models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered
-        objects into one atomically committed folder; returns its path.
-
-        With ProjectConfiguration(automatic_checkpoint_naming=True) the folder is
-        `project_dir/checkpoints/checkpoint_<i>` and `total_limit` keeps the newest ones. Pass
-        `async_save=True` to write in the background (the next save, load or end_training waits).
-        """
-        from .checkpoint_flow import save_state
-
-        return save_state(self, output_dir, safe_serialization, **save_model_func_kwargs)
-
-    def load_state(
-        self,
-        input_dir: str | os.PathLike | None = None,
-        load_kwargs: dict | None = None,
-        **load_model_func_kwargs: Any,
-    ) -> None:
-        """Restore everything save_state wrote, after verifying the whole checkpoint (the newest complete
-        one when `input_dir` is None). Files holding pickles load only with `allow_pickle=True`."""
-        from .checkpoint_flow import load_state
-
-        load_state(self, input_dir, load_kwargs, **load_model_func_kwargs)
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and load these objects (anything with state_dict / load_state_dict) with the state."""
-        from .checkpoint_flow import check_checkpointable
-
-        check_checkpointable(objects)
-        self._custom_objects.extend(objects)
-
-    def register_save_state_pre_hook(self, hook: Any) -> Any:
-        """`hook(models, weights, output_dir)` runs before save_state writes; returns a removable handle."""
-        return self._register_hook(self._save_model_state_pre_hook, hook)
-
-    def register_load_state_pre_hook(self, hook: Any) -> Any:
-        """`hook(models, input_dir)` runs before load_state loads; returns a removable handle."""
-        return self._register_hook(self._load_model_state_pre_hook, hook)
-
-    @staticmethod
-    def _register_hook(hooks: dict, hook: Any) -> Any:
-        from torch.utils.hooks import RemovableHandle
-
-        if not callable(hook):
-            raise TypeError(f"A state hook must be callable, got {type(hook).__name__}.")
-        handle = RemovableHandle(hooks)
-        hooks[handle.id] = hook
-        return handle
-
-    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        """`torch.save` (or safetensors) on the main process only, or once per machine with save_on_each_node."""
-        from .checkpointing import save
-
-        if self.project_configuration.save_on_each_node:
-            should_write = self.is_local_main_process
-        else:
-            should_write = self.is_main_process
-        if should_write:
-            save(obj, f, safe_serialization=safe_serialization)
-
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str | os.PathLike,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write the model's weights as (sharded) safetensors with an index, for load_checkpoint_in_model."""
-        from .checkpointing import parse_shard_size, save_model
-
-        parse_shard_size(
-            max_shard_size
-        )  # on every rank, so no rank waits for a failed main process
-        if os.path.isfile(save_directory):
-            # The reference logs this and returns rather than raising.
-            import logging
-
-            logging.getLogger(__name__).error(
-                "save_model: %s should be a directory, not a file; nothing was saved.",
-                save_directory,
-            )
-            return
-        state_dict = self.get_state_dict(model)
-        if self.is_main_process:
-            save_model(
-                state_dict,
-                save_directory,
-                max_shard_size=max_shard_size,
-                safe_serialization=safe_serialization,
-            )
-        self.wait_for_everyone()
