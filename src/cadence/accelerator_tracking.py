@@ -35,13 +35,10 @@ class TrackingMethods:
     def end_training(self) -> None:
         """Finish the trackers, wait for pending checkpoint writes, and destroy the process group."""
         self._tracker_hub.end_training()
-        self._wait_for_async_save()
-        self.state.destroy_process_group()
+        from .checkpoint_flow import wait_for_async_save
 
-    def _wait_for_async_save(self) -> None:
-        saver = self.__dict__.get("_async_saver")
-        if saver is not None:
-            saver.wait()
+        wait_for_async_save(self)
+        self.state.destroy_process_group()
 
     @contextmanager
     def profile(self, profile_handler: Any = None):

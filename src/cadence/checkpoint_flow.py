@@ -79,7 +79,7 @@ def _shared_token(accelerator: Any) -> str:
     return broadcast_object_list(token)[0]
 
 
-def _gather_files(accelerator: Any, safe_serialization: bool) -> dict[str, Any]:
+def _gather_files(accelerator: Any, safe_serialization: bool, output_dir: str) -> dict[str, Any]:
     """Every file this process writes: name -> state (tensors and plain values)."""
     strategy = accelerator._strategy
     rank = accelerator.process_index
@@ -91,7 +91,7 @@ def _gather_files(accelerator: Any, safe_serialization: bool) -> dict[str, Any]:
         else [accelerator.get_state_dict(m) for m in accelerator._models]
     )
     for hook in list(accelerator._save_model_state_pre_hook.values()):
-        hook(accelerator._models, weights, accelerator.__dict__["_checkpoint_output_dir"])
+        hook(accelerator._models, weights, output_dir)
     if main:
         for i, state in enumerate(weights):
             files[model_file(i, safe_serialization)] = (
@@ -133,13 +133,12 @@ def save_state(
     if config.automatic_checkpoint_naming and accelerator.is_main_process and final.parent.is_dir():
         cleanup_checkpoints_dir(final.parent)  # leftovers of saves killed earlier
     writer = begin_checkpoint(final, token=_shared_token(accelerator), rank=rank)
-    accelerator.__dict__["_checkpoint_output_dir"] = str(writer.tmp_dir)
     try:
         if accelerator._strategy.saves_sharded_state:
             accelerator._strategy.save_sharded_state(
                 writer.tmp_dir, accelerator._models, accelerator._optimizers
             )
-        files = _gather_files(accelerator, safe_serialization)
+        files = _gather_files(accelerator, safe_serialization, str(writer.tmp_dir))
     except BaseException:
         writer.abort()
         raise
