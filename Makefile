@@ -20,6 +20,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks
 	$(VENV)/bin/ruff format --check src tests examples benchmarks
+	$(PY) -m pytest -q tests/test_layers.py   # the declared layers (ARCHITECTURE.md)
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests examples benchmarks

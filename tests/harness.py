@@ -30,7 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 _CONTEXT = mp.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "cadence.state", "cadence.ops"])
+_CONTEXT.set_forkserver_preload(
+    ["torch", "torch.distributed", "cadence.state", "cadence.collectives"]
+)
 
 
 class WorkerError(AssertionError):

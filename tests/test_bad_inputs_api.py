@@ -27,8 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import cadence
 from cadence import Accelerator
-from cadence.data import prepare_data_loader
-from cadence.ops import (
+from cadence.collectives import (
     broadcast,
     broadcast_object_list,
     concatenate,
@@ -36,6 +35,7 @@ from cadence.ops import (
     pad_across_processes,
     reduce,
 )
+from cadence.data import prepare_data_loader
 from cadence.state import PartialState, reset_state
 from cadence.utils import (
     DataLoaderConfiguration,

@@ -23,9 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cadence.commands.cli import main as cadence_main
-from cadence.commands.launch_args import build_launch_parser
-from cadence.commands.launch_plan import LaunchPlan, LaunchPlanError, build_plan
-from cadence.config import (
+from cadence.commands.config_file import (
     CLUSTER_DISTRIBUTED_TYPES,
     ClusterConfig,
     ConfigFileError,
@@ -34,6 +32,8 @@ from cadence.config import (
     load_config_from_file,
     write_basic_config,
 )
+from cadence.commands.launch_args import build_launch_parser
+from cadence.commands.launch_plan import LaunchPlan, LaunchPlanError, build_plan
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 # Bounded for CI; raise it to fuzz harder locally (e.g. CADENCE_FUZZ_EXAMPLES=5000).

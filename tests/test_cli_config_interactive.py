@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from cadence.config import load_config_from_file
+from cadence.commands.config_file import load_config_from_file
 
 pexpect = pytest.importorskip("pexpect")
 pytest.importorskip("questionary")

@@ -61,7 +61,7 @@ def test_cpu_machine_starts_four_gloo_processes(tmp_path):
         import torch
         torch.set_num_threads(1)
         from cadence import PartialState
-        from cadence.launch_config import read_launch_config
+        from cadence.settings import read_launch_config
 
         state = PartialState()
         record = read_launch_config()

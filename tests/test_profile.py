@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from cadence.kwargs import ProfileKwargs
+from cadence.dataclasses import ProfileKwargs
 from cadence.profiling import build_profiler, profile
 
 

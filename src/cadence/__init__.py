@@ -5,8 +5,7 @@ Public names are imported on first use, so `import cadence` costs almost nothing
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cadence.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -21,16 +20,16 @@ _EXPORTS = {
     "LoggerType": "cadence.enums",
     "DynamoBackend": "cadence.enums",
     "DDPCommunicationHookType": "cadence.enums",
-    "DataLoaderConfiguration": "cadence.configs",
-    "ProjectConfiguration": "cadence.configs",
-    "GradientAccumulationPlugin": "cadence.configs",
-    "TorchDynamoPlugin": "cadence.configs",
-    "AutocastKwargs": "cadence.kwargs",
-    "DistributedDataParallelKwargs": "cadence.kwargs",
-    "GradScalerKwargs": "cadence.kwargs",
-    "InitProcessGroupKwargs": "cadence.kwargs",
-    "ProfileKwargs": "cadence.kwargs",
-    "FP8RecipeKwargs": "cadence.kwargs",
+    "DataLoaderConfiguration": "cadence.dataclasses",
+    "ProjectConfiguration": "cadence.dataclasses",
+    "GradientAccumulationPlugin": "cadence.dataclasses",
+    "TorchDynamoPlugin": "cadence.dataclasses",
+    "AutocastKwargs": "cadence.dataclasses",
+    "DistributedDataParallelKwargs": "cadence.dataclasses",
+    "GradScalerKwargs": "cadence.dataclasses",
+    "InitProcessGroupKwargs": "cadence.dataclasses",
+    "ProfileKwargs": "cadence.dataclasses",
+    "FP8RecipeKwargs": "cadence.dataclasses",
     "skip_first_batches": "cadence.data",
     "notebook_launcher": "cadence.launchers",
     "debug_launcher": "cadence.launchers",
@@ -44,14 +43,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cadence' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

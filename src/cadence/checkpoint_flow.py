@@ -36,7 +36,7 @@ from .checkpointing.layout import (
     scaler_file,
     scheduler_file,
 )
-from .ops import broadcast_object_list
+from .collectives import broadcast_object_list
 
 
 def dataloader_rank_file(index: int, rank: int) -> str:

@@ -13,10 +13,13 @@ class StrEnum(str, enum.Enum):
 
     @classmethod
     def list(cls) -> list[str]:
+        """The values of all members, as strings."""
         return [member.value for member in cls]
 
 
 class DistributedType(str, enum.Enum):  # no __str__ override: prints like the reference
+    """The kind of distributed training in use (NO, MULTI_GPU, DEEPSPEED, FSDP, ...)."""
+
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
@@ -33,6 +36,8 @@ class DistributedType(str, enum.Enum):  # no __str__ override: prints like the r
 
 
 class PrecisionType(StrEnum):
+    """The mixed-precision modes: no, fp8, fp16, bf16."""
+
     NO = "no"
     FP8 = "fp8"
     FP16 = "fp16"
@@ -40,6 +45,8 @@ class PrecisionType(StrEnum):
 
 
 class RNGType(StrEnum):
+    """The random number generators that can be synchronised across processes."""
+
     TORCH = "torch"
     CUDA = "cuda"
     MLU = "mlu"
@@ -53,6 +60,8 @@ class RNGType(StrEnum):
 
 
 class LoggerType(StrEnum):
+    """The experiment trackers `log_with` accepts (or `all`)."""
+
     ALL = "all"
     AIM = "aim"
     TENSORBOARD = "tensorboard"
@@ -66,6 +75,8 @@ class LoggerType(StrEnum):
 
 
 class DynamoBackend(StrEnum):
+    """The `torch.compile` backends a TorchDynamoPlugin may name."""
+
     NO = "NO"
     EAGER = "EAGER"
     AOT_EAGER = "AOT_EAGER"
@@ -85,6 +96,8 @@ class DynamoBackend(StrEnum):
 
 
 class DDPCommunicationHookType(StrEnum):
+    """The DDP gradient communication hooks (compression, PowerSGD)."""
+
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"
@@ -93,5 +106,7 @@ class DDPCommunicationHookType(StrEnum):
 
 
 class ComputeEnvironment(str, enum.Enum):
+    """Where training runs: this machine or Amazon SageMaker."""
+
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"

@@ -72,3 +72,9 @@ def rank_named_errors(function: _F) -> _F:
             return function(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def rank_prefix() -> str:
+    """ "[rank N] " inside a multi-process job (so an error names the process it happened on), else ""."""
+    rank = current_rank()
+    return "" if rank is None else f"[rank {rank}] "

@@ -8,15 +8,25 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def join_uneven_inputs(accelerator: Any, joinables: list[Any], even_batches: bool | None):
-    if not accelerator.use_distributed:
+def join_uneven_inputs(
+    joinables: list[Any],
+    even_batches: bool | None,
+    *,
+    use_distributed: bool,
+    dataloaders: list[Any],
+    default_even_batches: bool,
+):
+    """Run the block under torch's `Join` when ranks may see different numbers of batches.
+
+    `even_batches` overrides the prepared map-style `dataloaders`' setting inside the block."""
+    if not use_distributed:
         yield
         return
     from torch.distributed.algorithms.join import Join
 
     restore: list[tuple[Any, bool]] = []
     if even_batches is not None:
-        for loader in accelerator._dataloaders:
+        for loader in dataloaders:
             sampler = getattr(loader, "batch_sampler", None)
             if sampler is None or not hasattr(sampler, "even_batches"):
                 warnings.warn(
@@ -29,7 +39,7 @@ def join_uneven_inputs(accelerator: Any, joinables: list[Any], even_batches: boo
             restore.append((sampler, sampler.even_batches))
             sampler.even_batches = even_batches
     else:
-        even_batches = accelerator.even_batches
+        even_batches = default_even_batches
     try:
         with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
             yield

@@ -13,7 +13,13 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
-from .launch_config import LAUNCH_CONFIG_ENV, encode_launch_config
+from .diagnostics.failure_report import (
+    failures_from_elastic,
+    failures_from_error_files,
+    format_failure_summary,
+)
+from .settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from .state import resolve_mixed_precision
 
 
 class WorkerProcessesFailed(RuntimeError):
@@ -75,12 +81,6 @@ def _launch_with_elastic_agent(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from .commands.failure_report import (
-        failures_from_elastic,
-        failures_from_error_files,
-        format_failure_summary,
-    )
-
     log_dir = tempfile.mkdtemp(prefix="cadence-launch-")
     rdzv_configs = dict(rdzv_conf or {})
     if rdzv_backend == "static":
@@ -138,7 +138,6 @@ def notebook_launcher(
     Without `num_processes` (or with 1) the function runs in this process. Create the Accelerator
     inside `function`.
     """
-    from .state import resolve_mixed_precision
 
     mixed_precision = resolve_mixed_precision(mixed_precision, {})
     if num_processes is not None and (not isinstance(num_processes, int) or num_processes < 1):

@@ -6,6 +6,8 @@ import logging
 import os
 from typing import Any
 
+from .state import PartialState
+
 
 class MultiProcessAdapter(logging.LoggerAdapter):
     """Logs on the main process only by default; `main_process_only=False` logs everywhere and
@@ -13,13 +15,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     @staticmethod
     def _should_log(main_process_only: bool) -> bool:
-        from .state import PartialState
 
         state = PartialState()
         return not main_process_only or state.is_main_process
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
-        from .state import PartialState
+        """Log on the main process only, unless `main_process_only=False` (`in_order`: in turn)."""
 
         if not PartialState._shared_state:
             raise RuntimeError(
@@ -42,6 +43,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             self.logger.log(level, msg, *args, **kwargs)
 
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
+        """Log this warning only the first time these exact arguments are seen."""
         key = (args, tuple(sorted(kwargs.items())))
         seen = self.__dict__.setdefault("_warned", set())
         if key not in seen:
@@ -50,7 +52,16 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
 
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
-    """A logger for `name` (level from `log_level` or ACCELERATE_LOG_LEVEL) that logs on the main process."""
+    """A logger for `name` logging on the main process (level: `log_level`/ACCELERATE_LOG_LEVEL).
+
+    Example::
+
+        from cadence.logging import get_logger
+
+        logger = get_logger(__name__, log_level="INFO")
+        logger.info("printed once")
+        logger.info("printed by every rank", main_process_only=False)
+    """
     if log_level is None:
         log_level = os.environ.get("ACCELERATE_LOG_LEVEL")
     logger = logging.getLogger(name)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .ops import send_to_device
+from .collectives import send_to_device
 from .state import AcceleratorState, GradientState
 
 
@@ -23,54 +23,76 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer; `step` and `zero_grad` act only when gradients are synchronised."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler: Any = None,
+        *,
+        device: torch.device | None = None,
+        gradient_state: GradientState | None = None,
     ) -> None:
+        """`device` and `gradient_state` default to the process state's (the Accelerator passes them)."""
         self.optimizer = optimizer
         self.scaler = scaler
-        self.accelerator_state = AcceleratorState()
-        self.gradient_state = GradientState()
+        self.device = device if device is not None else AcceleratorState().device
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.device_placement = device_placement
         self._is_overflow = False
         self._unscaled = False
         if device_placement:
-            move_optimizer_state(optimizer, self.accelerator_state.device)
+            move_optimizer_state(optimizer, self.device)
+
+    @property
+    def accelerator_state(self) -> AcceleratorState:
+        """The process's AcceleratorState (kept for code written against the reference)."""
+        return AcceleratorState()
 
     @property
     def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
         return self.optimizer.state
 
     @state.setter
     def state(self, value: Any) -> None:
+        """Replace the wrapped optimizer's per-parameter state."""
         self.optimizer.state = value
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
+        """Replace the wrapped optimizer's parameter groups."""
         self.optimizer.param_groups = value
 
     @property
     def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's default hyper-parameters."""
         return self.optimizer.defaults
 
     @defaults.setter
     def defaults(self, value: dict[str, Any]) -> None:
+        """Replace the wrapped optimizer's default hyper-parameters."""
         self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
         self.optimizer.add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state, then move it to the device if placing."""
         self.optimizer.load_state_dict(state_dict)
         if self.device_placement:
-            move_optimizer_state(self.optimizer, self.accelerator_state.device)
+            move_optimizer_state(self.optimizer, self.device)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
         return self.optimizer.state_dict()
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Zero the gradients, but only on steps where gradients are synchronised."""
         if self.gradient_state.sync_gradients:
             if set_to_none is None:
                 self.optimizer.zero_grad()
@@ -78,10 +100,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def train(self) -> None:
+        """Call the wrapped optimizer's `train()` if it has one (schedule-free optimizers)."""
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()
 
     def eval(self) -> None:
+        """Call the wrapped optimizer's `eval()` if it has one (schedule-free optimizers)."""
         if hasattr(self.optimizer, "eval") and callable(self.optimizer.eval):
             self.optimizer.eval()
 
@@ -92,6 +116,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._unscaled = True
 
     def step(self, closure: Any = None) -> Any:
+        """Step the optimizer on sync steps only (via the fp16 grad scaler); returns its result."""
         if not self.gradient_state.sync_gradients:
             return None
         if self.scaler is None:
@@ -132,6 +157,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def is_overflow(self) -> bool:
+        """Same as `step_was_skipped`: the last step was skipped for fp16 overflow."""
         return self._is_overflow
 
     def __getstate__(self) -> dict[str, Any]:

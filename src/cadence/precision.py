@@ -1,16 +1,27 @@
-"""Mixed precision policies: the autocast context, the fp32 output wrapper and the gradient scaler."""
+"""Mixed precision, owned by the strategy: autocast, fp32 outputs, loss scaling and the one check of
+which precision a backend can run.
+
+Four policies, chosen with the strategy by `cadence.strategies.select_strategy`:
+
+- `Precision`: full precision; no autocast, no scaler.
+- `AutocastPrecision`: bf16/fp16 autocast around `forward`, fp32 outputs; fp16 adds a `GradScaler`.
+- `ShardedAutocastPrecision`: the same, with torch's `ShardedGradScaler` (sharded backends: each rank sees
+  only its gradient shards, so the overflow flag must be all-reduced for every rank to skip together).
+- `EnginePrecision`: an engine (DeepSpeed) casts and scales itself; Cadence adds nothing.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .ops import recursively_apply
+from .collectives import recursively_apply
+from .precision_choice import check_precision_supported as check_precision_supported
+from .precision_choice import parse_mixed_precision as parse_mixed_precision
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -20,6 +31,13 @@ def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def convert_outputs_to_fp32(forward: Any) -> Any:
+    """Wrap `forward` so that every fp16/bf16 tensor it returns comes back as fp32.
+
+    Example::
+
+        model.forward = convert_outputs_to_fp32(model.forward)
+    """
+
     @functools.wraps(forward)
     def forward_in_fp32(*args: Any, **kwargs: Any) -> Any:
         return recursively_apply(_to_fp32, forward(*args, **kwargs))
@@ -28,39 +46,75 @@ def convert_outputs_to_fp32(forward: Any) -> Any:
     return forward_in_fp32
 
 
-@dataclass
-class PrecisionPolicy:
-    mixed_precision: str
-    device_type: str
-    autocast_kwargs: dict[str, Any]
+@dataclass(frozen=True)
+class PrecisionRequest:
+    """What the user asked for: the precision name and the handlers that tune autocast and the scaler."""
+
+    mixed_precision: str = "no"
+    autocast_handler: Any = None
+    scaler_handler: Any = None
+    fp8_handler: Any = None
+
+
+class Precision:
+    """Full precision: the model runs in its own dtype; no autocast, no loss scaling."""
+
+    mixed_precision = "no"
     scaler: Any = None
 
-    @classmethod
-    def create(
-        cls,
-        mixed_precision: str,
-        device: torch.device,
-        scaler_handler: Any = None,
-        autocast_handler: Any = None,
-        fp8_handler: Any = None,
-    ) -> PrecisionPolicy:
-        if mixed_precision == "fp8":
-            _require_fp8_backend(device)
-        kwargs = autocast_handler.to_kwargs() if autocast_handler is not None else {}
-        scaler = None
-        if mixed_precision == "fp16":
-            scaler_kwargs = scaler_handler.to_kwargs() if scaler_handler is not None else {}
-            scaler = torch.amp.GradScaler(device.type, **scaler_kwargs)
-        return cls(mixed_precision, device.type, kwargs, scaler)
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+        """The autocast context of this policy (a no-op here)."""
+        return contextlib.nullcontext()
+
+    def wrap_forward(self, model: torch.nn.Module) -> None:
+        """Make `model.forward` run under this policy (nothing to do here)."""
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on (scaled for fp16)."""
+        return loss
 
     @property
-    def enabled(self) -> bool:
-        return self.mixed_precision in _AUTOCAST_DTYPES
+    def casts_parameters(self) -> bool:
+        """Whether the forward computes in a lower precision than the fp32 master weights."""
+        return False
+
+
+class AutocastPrecision(Precision):
+    """bf16 / fp16 through `torch.autocast` on `forward`, outputs cast back to fp32; fp16 scales the loss."""
+
+    def __init__(
+        self,
+        mixed_precision: str,
+        device_type: str,
+        autocast_kwargs: dict[str, Any] | None = None,
+        scaler: Any = None,
+    ) -> None:
+        self.mixed_precision = mixed_precision
+        self.device_type = device_type
+        self.autocast_kwargs = dict(autocast_kwargs or {})
+        self.scaler = scaler
+
+    @classmethod
+    def build(cls, request: PrecisionRequest, device: torch.device) -> AutocastPrecision:
+        """The policy for `request` on `device` (with a GradScaler for fp16)."""
+        handler = request.autocast_handler
+        kwargs = handler.to_kwargs() if handler is not None else {}
+        return cls(request.mixed_precision, device.type, kwargs, cls._scaler(request, device))
+
+    @staticmethod
+    def _scaler(request: PrecisionRequest, device: torch.device) -> Any:
+        if request.mixed_precision != "fp16":
+            return None
+        handler = request.scaler_handler
+        return torch.amp.GradScaler(device.type, **(handler.to_kwargs() if handler else {}))
+
+    @property
+    def casts_parameters(self) -> bool:
+        """Always True: this policy runs the forward pass under autocast."""
+        return True
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
-        """The autocast context of this policy (a no-op without mixed precision)."""
-        if not self.enabled:
-            return contextlib.nullcontext()
+        """A `torch.autocast` context for the chosen dtype; `autocast_handler` overrides kwargs."""
         kwargs = dict(self.autocast_kwargs)
         if autocast_handler is not None:
             kwargs.update(autocast_handler.to_kwargs())
@@ -73,25 +127,48 @@ class PrecisionPolicy:
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
         """Run `model.forward` under autocast and hand back fp32 outputs (the reference's behaviour)."""
-        if not self.enabled or hasattr(model.forward, "_cadence_wrapped_forward"):
+        if hasattr(model.forward, "_cadence_wrapped_forward"):
             return
         original = model.forward
-        autocast_forward = self._autocast_forward(original)
-        model.forward = convert_outputs_to_fp32(autocast_forward)
+        model.forward = convert_outputs_to_fp32(_under_autocast(self, original))
         model._cadence_original_forward = original  # type: ignore[attr-defined]
 
-    def _autocast_forward(self, forward: Any) -> Any:
-        policy = self
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss multiplied by the grad scaler (fp16), else unchanged."""
+        return loss if self.scaler is None else self.scaler.scale(loss)
 
-        @functools.wraps(forward)
-        def under_autocast(*args: Any, **kwargs: Any) -> Any:
-            with policy.autocast():
-                return forward(*args, **kwargs)
 
-        return under_autocast
+class ShardedAutocastPrecision(AutocastPrecision):
+    """Autocast with torch's `ShardedGradScaler`: ranks that each hold a gradient shard agree on skipping."""
+
+    @staticmethod
+    def _scaler(request: PrecisionRequest, device: torch.device) -> Any:
+        if request.mixed_precision != "fp16":
+            return None
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        handler = request.scaler_handler
+        return ShardedGradScaler(device.type, **(handler.to_kwargs() if handler else {}))
+
+
+class EnginePrecision(Precision):
+    """The engine (DeepSpeed) casts and scales itself; `mixed_precision` reports what its config enables."""
+
+    def __init__(self, mixed_precision: str) -> None:
+        self.mixed_precision = mixed_precision
+
+
+def _under_autocast(policy: Precision, forward: Any) -> Any:
+    @functools.wraps(forward)
+    def under_autocast(*args: Any, **kwargs: Any) -> Any:
+        with policy.autocast():
+            return forward(*args, **kwargs)
+
+    return under_autocast
 
 
 def remove_forward_wrapper(model: torch.nn.Module) -> None:
+    """Undo `wrap_forward`: give the model back its own `forward`."""
     original = model.__dict__.pop("_cadence_original_forward", None)
     if original is not None:
         if (
@@ -101,26 +178,3 @@ def remove_forward_wrapper(model: torch.nn.Module) -> None:
             model.__dict__.pop("forward", None)
         else:
             model.forward = original
-
-
-def require_fp8_package() -> None:
-    """Fail (before any process group exists) when no FP8 backend package is installed."""
-    has_te = importlib.util.find_spec("transformer_engine") is not None
-    has_ao = importlib.util.find_spec("torchao") is not None
-    if not (has_te or has_ao):
-        raise ImportError(
-            "mixed_precision='fp8' needs an FP8 backend: install torchao (`pip install torchao`) or "
-            "NVIDIA Transformer Engine."
-        )
-
-
-def _require_fp8_backend(device: torch.device) -> None:
-    require_fp8_package()
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        raise RuntimeError(
-            "mixed_precision='fp8' needs an NVIDIA GPU with compute capability 8.9 or newer (Ada, "
-            f"Hopper); this process runs on {device}. Use mixed_precision='bf16' instead."
-        )
-    raise NotImplementedError(
-        "FP8 training through torchao/Transformer Engine is not wired into Cadence yet; use 'bf16'."
-    )

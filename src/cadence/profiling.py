@@ -5,12 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from .kwargs import ProfileKwargs
 
 PROFILE_PATTERN_NAME = "profile_{suffix}.json"
 SCHEDULE_KEYS = ("wait", "warmup", "active", "repeat", "skip_first")
@@ -39,8 +36,10 @@ def profiler_activity(name: str) -> torch.profiler.ProfilerActivity:
     return available[name]
 
 
-def build_profiler(handler: ProfileKwargs) -> torch.profiler.profile:
-    """A `torch.profiler.profile` configured from `handler` (not started)."""
+def build_profiler(handler: Any) -> torch.profiler.profile:
+    """A `torch.profiler.profile` configured from a `ProfileKwargs` (not started); None: the defaults."""
+    if handler is None:
+        return torch.profiler.profile()
     activities = None
     if handler.activities is not None:
         activities = [profiler_activity(name) for name in handler.activities]
@@ -70,20 +69,16 @@ def trace_path(output_trace_dir: str | os.PathLike, process_index: int) -> str:
 
 
 @contextmanager
-def profile(handler: ProfileKwargs | None, state: Any) -> Iterator[torch.profiler.profile]:
+def profile(handler: Any, state: Any) -> Iterator[torch.profiler.profile]:
     """Profile the block; with `handler.output_trace_dir`, each process then writes
     `profile_<process index>.json` there and waits for the others.
 
     `state` gives `process_index` and `wait_for_everyone()` (a `PartialState` or `AcceleratorState`).
     """
-    if handler is None:
-        from .kwargs import ProfileKwargs
-
-        handler = ProfileKwargs()
     profiler = build_profiler(handler)
     with profiler:
         yield profiler
-    if handler.output_trace_dir is None:
+    if handler is None or handler.output_trace_dir is None:
         return
     os.makedirs(handler.output_trace_dir, exist_ok=True)
     profiler.export_chrome_trace(trace_path(handler.output_trace_dir, state.process_index))

@@ -15,20 +15,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .enums import DistributedType, PrecisionType
-from .launch_config import read_launch_config
+from . import process_control as execution
+from .diagnostics.settings import resolve_watch_settings
+from .diagnostics.watchdog import start_watchdog
+from .enums import DistributedType
+from .plugins.resolve import ParallelPlugins, configure_state
+from .precision_choice import parse_mixed_precision
+from .settings import read_launch_config, resolve, resolve_flag
 from .topology import Topology, detect_topology
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
-_TRUE = {"1", "true", "yes", "on"}
 
 # Whether Cadence created the process group (and so must destroy it at exit); survives reset_state().
 _owns_process_group = False
-
-
-def env_flag(name: str, default: bool = False) -> bool:
-    raw = os.environ.get(name)
-    return default if raw is None else raw.strip().lower() in _TRUE
 
 
 def _destroy_owned_group() -> None:
@@ -77,6 +76,13 @@ class PartialState:
 
     World size > 1 starts (or adopts) a torch.distributed process group: gloo on CPU, NCCL with one GPU per
     local rank on CUDA. World size 1 uses no process group.
+
+    Example::
+
+        from cadence import PartialState
+
+        state = PartialState()
+        print(state.process_index, state.num_processes, state.device)
     """
 
     _shared_state: dict[str, Any] = {}
@@ -86,17 +92,12 @@ class PartialState:
         if self.initialized:
             return
         launch = read_launch_config()
-        cpu = bool(cpu or launch.get("use_cpu") or env_flag("ACCELERATE_USE_CPU"))
+        cpu = resolve_flag("use_cpu", cpu, launch).value
         topology = detect_topology()
-        from .diagnostics.settings import resolve_watch_settings
-
-        watch = resolve_watch_settings(
-            kwargs.get("stuck_timeout"), launch
-        )  # fails before side effects
-        self.debug = bool(
-            launch.get("debug") or env_flag("CADENCE_DEBUG") or env_flag("ACCELERATE_DEBUG_MODE")
-        )
-        self.fork_launched = env_flag("FORK_LAUNCHED")
+        # Both fail on bad values before any side effect.
+        watch = resolve_watch_settings(kwargs.get("stuck_timeout"), launch)
+        self.debug = resolve_flag("debug", None, launch).value
+        self.fork_launched = resolve_flag("fork_launched", None, launch).value
         self.topology = topology
         if dist.is_available() and dist.is_initialized():
             self._adopt_process_group(topology, cpu)
@@ -112,8 +113,6 @@ class PartialState:
         self.use_cpu = cpu or self.device.type == "cpu"
         self._check_launch_expectations(launch)
         if self.use_distributed:
-            from .diagnostics.watchdog import start_watchdog
-
             start_watchdog(self, watch)
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -175,26 +174,32 @@ class PartialState:
     # -- attributes -----------------------------------------------------------------------------
     @property
     def initialized(self) -> bool:
+        """Whether the shared state has been set up in this process."""
         return self._shared_state != {}
 
     @property
     def use_distributed(self) -> bool:
+        """Whether more than one process takes part (a process group is in use)."""
         return self.distributed_type != DistributedType.NO and self.num_processes > 1
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is the global main process (rank 0)."""
         return self.process_index == 0
 
     @property
     def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its machine (local rank 0)."""
         return self.local_process_index == 0
 
     @property
     def is_last_process(self) -> bool:
+        """Whether this is the process with the highest rank."""
         return self.process_index == self.num_processes - 1
 
     @property
     def num_machines(self) -> int:
+        """Number of machines (nodes) taking part; 1 when not distributed."""
         return self.topology.num_nodes if self.use_distributed else 1
 
     def __repr__(self) -> str:
@@ -219,68 +224,124 @@ class PartialState:
             dist.destroy_process_group(group)
         _owns_process_group = False
 
-    # -- execution control ----------------------------------------------------------------------
-    def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
-        """Block until every process reaches this point; a no-op on one process."""
-        from .execution import barrier
+    # -- execution control (cadence.process_control does the work) -----------------------------------------
+    def _current(self) -> PartialState:
+        # The shared state may have been reset since a decorator captured `self`.
+        return self if self.initialized else PartialState()
 
-        barrier(self, timeout)
+    def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
+        """Block until every process reaches this point; a no-op on one process.
+
+        Example::
+
+            if state.is_main_process:
+                write_shared_file()
+            state.wait_for_everyone()  # the other ranks only read it after it is written
+        """
+        execution.barrier(self, timeout)
 
     @contextmanager
     def main_process_first(self):
-        """The main process runs the block first, the others after it has left the block."""
-        from .execution import go_first
+        """The main process runs the block first, the others after it has left the block.
 
-        with go_first(self, local=False):
+        Example::
+
+            with state.main_process_first():
+                dataset = load_dataset_cached()  # rank 0 fills the cache, the rest reuse it
+        """
+        with execution.go_first(self, local=False):
             yield
 
     @contextmanager
     def local_main_process_first(self):
         """Each machine's local main process runs the block first; only that machine's ranks wait."""
-        from .execution import go_first
-
-        with go_first(self, local=True):
+        with execution.go_first(self, local=True):
             yield
 
     @contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False):
-        """Give this process its contiguous share of `inputs` (the argument itself is not modified)."""
-        from .execution import split_for_process
+        """Give this process its contiguous share of `inputs` (the argument itself is not modified).
 
-        yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
+        `apply_padding=True` repeats the last item so every process gets the same number of items.
+
+        Example::
+
+            with state.split_between_processes(["a", "b", "c"]) as part:
+                print(part)  # ["a", "b"] on process 0, ["c"] on process 1 of 2
+        """
+        yield execution.split_for_process(
+            inputs, self.num_processes, self.process_index, apply_padding
+        )
+
+    def _only_where(self, function: Any, holds: Any, required_index: Any = True) -> Any:
+        def predicate() -> bool:
+            state = self._current()
+            return not state.use_distributed or holds(state)
+
+        return execution.run_only_if(function, predicate, required_index=required_index)
 
     def on_main_process(self, function=None):
-        from .execution import run_only_if
+        """Decorate `function` to run only on the main process (elsewhere it returns None).
 
-        return run_only_if(function, lambda: self.is_main_process)
+        Example::
+
+            @state.on_main_process
+            def report(message):
+                print(message)  # printed once, by rank 0
+        """
+        return self._only_where(function, lambda state: state.is_main_process)
 
     def on_local_main_process(self, function=None):
-        from .execution import run_only_if
+        """Decorate `function` to run only on each machine's local main process.
 
-        return run_only_if(function, lambda: self.is_local_main_process)
+        Example::
+
+            @state.on_local_main_process
+            def fetch_files():
+                download_to_local_disk()  # once per machine
+        """
+        return self._only_where(function, lambda state: state.is_local_main_process)
 
     def on_last_process(self, function=None):
-        from .execution import run_only_if
+        """Decorate `function` to run only on the last process.
 
-        return run_only_if(function, lambda: self.is_last_process)
+        Example::
+
+            @state.on_last_process
+            def report():
+                print("hello from the last rank")
+        """
+        return self._only_where(function, lambda state: state.is_last_process)
 
     def on_process(self, function=None, process_index: int | None = None):
-        from .execution import run_only_if
+        """Decorate `function` to run only on process `process_index`.
 
-        return run_only_if(
-            function, lambda: self.process_index == process_index, required_index=process_index
+        Example::
+
+            @state.on_process(process_index=1)
+            def report():
+                print("only rank 1 prints this")
+        """
+        return self._only_where(
+            function, lambda state: state.process_index == process_index, process_index
         )
 
     def on_local_process(
         self, function=None, local_process_index: int | None = None, **kwargs: Any
     ):
-        from .execution import run_only_if, take_local_index_alias
+        """Decorate `function` to run only on local process `local_process_index` of each machine.
 
-        local_process_index = take_local_index_alias(local_process_index, kwargs)
-        return run_only_if(
+        Example::
+
+            @state.on_local_process(local_process_index=0)
+            def report():
+                print("local rank 0 of every machine prints this")
+        """
+        local_process_index = execution.take_local_index_alias(local_process_index, kwargs)
+        return self._only_where(
             function,
-            lambda: self.local_process_index == local_process_index,
-            required_index=local_process_index,
+            lambda state: state.local_process_index == local_process_index,
+            local_process_index,
         )
 
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -289,17 +350,16 @@ class PartialState:
             print(*args, **kwargs)
 
     def set_trigger(self) -> None:
-        from .execution import set_trigger
-
-        set_trigger(self)
+        """Raise this process's flag; the next `check_trigger` on every process sees it."""
+        execution.set_trigger(self)
 
     def check_trigger(self) -> bool:
-        from .execution import check_trigger
-
-        return check_trigger(self)
+        """True on every process if any process called `set_trigger` (then the flag resets)."""
+        return execution.check_trigger(self)
 
     @property
     def default_device(self) -> torch.device:
+        """The device this process trains on (same as `device`)."""
         return self.device
 
 
@@ -344,8 +404,6 @@ class AcceleratorState:
         self.partial_state = partial
         plugins = (fsdp_plugin, deepspeed_plugin, parallelism_config)
         if any(plugin is not None for plugin in plugins):
-            from .plugins.resolve import ParallelPlugins, configure_state
-
             try:
                 configure_state(self, ParallelPlugins(*plugins))
             except BaseException:
@@ -361,6 +419,7 @@ class AcceleratorState:
 
     @property
     def mixed_precision(self) -> str:
+        """The mixed precision in use; under DeepSpeed, what its config enables."""
         if self.distributed_type == DistributedType.DEEPSPEED and self._mixed_precision != "fp8":
             config = self.deepspeed_plugin.deepspeed_config
             for name in ("fp16", "bf16"):
@@ -372,6 +431,7 @@ class AcceleratorState:
     # -- sharded / model-parallel backends -----------------------------------------------------------
     @property
     def is_fsdp2(self) -> bool:
+        """Whether training uses FSDP version 2 (`fully_shard`)."""
         return self.distributed_type == DistributedType.FSDP and self.fsdp_plugin.fsdp_version == 2
 
     @property
@@ -385,6 +445,7 @@ class AcceleratorState:
         return next(plugin for plugin in plugins.values() if plugin.selected)
 
     def get_deepspeed_plugin(self, name: str) -> Any:
+        """Return the DeepSpeedPlugin registered under `name` (several plugins given by name)."""
         self._require_named_deepspeed_plugins()
         return self.deepspeed_plugins[name]
 
@@ -426,22 +487,23 @@ class AcceleratorState:
 
 
 def resolve_mixed_precision(requested: Any, launch: dict[str, Any]) -> str:
-    """Explicit argument > launch config > ACCELERATE_MIXED_PRECISION > "no"; validated."""
-    value = requested
-    if value is None:
-        value = (
-            launch.get("mixed_precision") or os.environ.get("ACCELERATE_MIXED_PRECISION") or "no"
-        )
-    value = str(value).lower()
-    if value not in PrecisionType.list():
-        raise ValueError(
-            f"Unknown mixed_precision {value!r}: choose one of {', '.join(PrecisionType.list())}."
-        )
-    return value
+    """Explicit argument > launch record > environment > "no"; validated."""
+    return parse_mixed_precision(resolve("mixed_precision", requested, "no", launch).value)
 
 
 class GradientState:
-    """Whether gradients sync this step, and where the active dataloader stands (end, remainder)."""
+    """Whether gradients sync this step, and where the active dataloader stands (end, remainder).
+
+    Shared by every instance in the process; the Accelerator updates it, training code reads it.
+
+    Example::
+
+        from cadence.state import GradientState
+
+        gradient_state = GradientState()
+        if gradient_state.sync_gradients:
+            print("this step updates the weights")
+    """
 
     _shared_state: dict[str, Any] = {}
 
@@ -459,36 +521,49 @@ class GradientState:
 
     @property
     def initialized(self) -> bool:
+        """Whether the shared gradient state has been set up in this process."""
         return self._shared_state != {}
 
     @property
     def num_steps(self) -> int:
+        """Number of batches accumulated per optimizer step (1 when not accumulating)."""
         return self.plugin_kwargs.get("num_steps", 1)
 
     @property
     def adjust_scheduler(self) -> bool:
+        """Whether the scheduler counts the accumulation steps that do not step the optimizer."""
         return self.plugin_kwargs.get("adjust_scheduler", False)
 
     @property
     def sync_with_dataloader(self) -> bool:
+        """Whether gradients also sync at the end of the dataloader."""
         return self.plugin_kwargs.get("sync_with_dataloader", True)
 
     @property
     def sync_each_batch(self) -> bool:
+        """Whether gradients sync on every batch even while accumulating."""
         return self.plugin_kwargs.get("sync_each_batch", False)
 
     @property
+    def adjust_last_window(self) -> bool:
+        """Whether a dataloader's last, shorter accumulation window is reweighted (Cadence's default)."""
+        return self.plugin_kwargs.get("adjust_last_window", True)
+
+    @property
     def end_of_dataloader(self) -> bool:
+        """Whether the active dataloader has yielded its last batch."""
         return bool(getattr(self.active_dataloader, "end_of_dataloader", False))
 
     @property
     def remainder(self) -> int:
+        """Samples added to even out the last batch of the active dataloader (-1 if unknown)."""
         if self.active_dataloader is None:
             return -1
         return getattr(self.active_dataloader, "remainder", -1)
 
     @property
     def in_dataloader(self) -> bool:
+        """Whether a prepared dataloader is being iterated right now."""
         return self.active_dataloader is not None
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
@@ -520,8 +595,6 @@ def reset_state(destroy_process_group: bool = False) -> None:
     """Forget PartialState, AcceleratorState and GradientState (the process group stays unless asked)."""
     if destroy_process_group:
         _destroy_owned_group()
-    from . import execution
-
     execution.forget_groups()
     AcceleratorState._reset_state()
     PartialState._reset_state()

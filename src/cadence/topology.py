@@ -16,6 +16,8 @@ class LaunchEnvironmentError(RuntimeError):
 
 @dataclass(frozen=True)
 class Topology:
+    """Where this process sits in the launch: ranks, sizes, master address and the launcher seen."""
+
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -28,6 +30,7 @@ class Topology:
 
     @property
     def is_distributed(self) -> bool:
+        """Whether the launch has more than one process."""
         return self.world_size > 1
 
 

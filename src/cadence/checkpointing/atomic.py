@@ -46,9 +46,11 @@ from .manifest import (
     Manifest,
     default_checksum,
     describe_file,
+    is_complete,
     new_hasher,
     read_manifest,
 )
+from .serialization import write_safetensors, write_torch
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +187,6 @@ class CheckpointWriter:
         self, name: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None
     ) -> Path:
         """A dict of tensors as safetensors (shared tensors are de-duplicated)."""
-        from .serialization import write_safetensors
 
         path = self.file_path(name)
         write_safetensors(path, tensors, metadata=metadata)
@@ -194,7 +195,6 @@ class CheckpointWriter:
 
     def save_object(self, name: str, obj: Any) -> Path:
         """Any state made of tensors and plain Python values, loadable with weights_only=True."""
-        from .serialization import write_torch
 
         path = self.file_path(name)
         write_torch(path, obj)
@@ -476,7 +476,6 @@ def recover_interrupted_commit(final_dir: str | os.PathLike) -> bool:
             (olds if m["kind"] == "old" else tmps if m["kind"] == "tmp" else []).append(entry)
     if not olds:
         return False
-    from .manifest import is_complete
 
     candidates = [t for t in tmps if is_complete(t)] or [o for o in olds if is_complete(o)] or olds
     candidates.sort(key=lambda p: p.stat().st_mtime)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .atomic import recover_interrupted_commit
 from .errors import CheckpointCorruptError, CheckpointIncompleteError, describe_problems
 from .manifest import MANIFEST_NAME, Manifest, VerifyMode, check_files, read_manifest
+from .serialization import read_safetensors, read_torch
 
 if TYPE_CHECKING:
     import torch
@@ -85,14 +86,12 @@ class CheckpointReader:
     def load_object(
         self, name: str, map_location: Any = None, *, allow_pickle: bool = False, **kwargs: Any
     ) -> Any:
-        from .serialization import read_torch
 
         return self._guarded(
             name, lambda p: read_torch(p, map_location, allow_pickle=allow_pickle, **kwargs)
         )
 
     def load_tensors(self, name: str, device: str | int = "cpu") -> dict[str, torch.Tensor]:
-        from .serialization import read_safetensors
 
         return self._guarded(name, lambda p: read_safetensors(p, device=device))
 

@@ -14,6 +14,7 @@ _LOCATION_HELP = (
 
 
 def register(subparsers: Any) -> None:
+    """Add the `config` command and its `default` and `update` subcommands to the CLI parser."""
     parser = subparsers.add_parser(
         "config",
         help="Answer a few questions and save a config file for `cadence launch`.",
@@ -61,8 +62,15 @@ def _fail(message: str) -> int:
 
 
 def config_command(args: argparse.Namespace) -> int:
-    from ..config import default_config_path
-    from .config_questions import ConfigAborted, ask_config, make_prompter
+    """`cadence config`: ask the questions and save the answers; returns the exit code."""
+    from .config_file import (
+        default_config_path,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+    from .config_questions import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        ConfigAborted,
+        ask_config,
+        make_prompter,
+    )
 
     target = args.config_file or str(default_config_path())
     try:
@@ -75,7 +83,11 @@ def config_command(args: argparse.Namespace) -> int:
 
 
 def default_command(args: argparse.Namespace) -> int:
-    from ..config import ConfigFileError, write_basic_config
+    """`cadence config default`: write a config for this machine without questions; exit code."""
+    from .config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        ConfigFileError,
+        write_basic_config,
+    )
 
     try:
         path = write_basic_config(args.mixed_precision, args.config_file)
@@ -88,7 +100,11 @@ def default_command(args: argparse.Namespace) -> int:
 
 
 def update_command(args: argparse.Namespace) -> int:
-    from ..config import ConfigFileError, update_config_file
+    """`cadence config update`: rewrite an old config file in the current format; exit code."""
+    from .config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        ConfigFileError,
+        update_config_file,
+    )
 
     try:
         path, notes = update_config_file(args.config_file)

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..config import ClusterConfig
 from . import hardware
+from .config_file import ClusterConfig
 from .launch_args import (
     DEEPSPEED_OFFLOAD_DEVICES,
     DYNAMO_BACKENDS,
@@ -33,11 +33,19 @@ class ConfigAborted(Exception):
 
 
 class Prompter(Protocol):
-    def choose(self, message: str, choices: Sequence[str], default: str) -> str: ...
+    """How `cadence config` asks its questions (plain prompts or terminal menus)."""
 
-    def text(self, message: str, default: str = "", validate: Validator | None = None) -> str: ...
+    def choose(self, message: str, choices: Sequence[str], default: str) -> str:
+        """Ask the user to pick one of `choices` (`default` preselected); return the pick."""
+        ...
 
-    def confirm(self, message: str, default: bool = False) -> bool: ...
+    def text(self, message: str, default: str = "", validate: Validator | None = None) -> str:
+        """Ask for free text; `validate` returns an error message or None; return the answer."""
+        ...
+
+    def confirm(self, message: str, default: bool = False) -> bool:
+        """Ask a yes/no question; return the answer."""
+        ...
 
 
 class PlainPrompter:
@@ -52,6 +60,7 @@ class PlainPrompter:
             raise ConfigAborted("interrupted.") from None
 
     def choose(self, message: str, choices: Sequence[str], default: str) -> str:
+        """Ask to pick one of `choices` by number or name; empty input picks `default`."""
         print(message)
         for number, choice in enumerate(choices, 1):
             print(f"  {number}) {choice}")
@@ -66,6 +75,7 @@ class PlainPrompter:
             print(f"Please enter a number from 1 to {len(choices)}.")
 
     def text(self, message: str, default: str = "", validate: Validator | None = None) -> str:
+        """Ask for text until `validate` accepts it; empty input gives `default`."""
         while True:
             answer = (
                 self._read(f"{message} [{default}]: " if default else f"{message}: ") or default
@@ -76,6 +86,7 @@ class PlainPrompter:
             print(problem)
 
     def confirm(self, message: str, default: bool = False) -> bool:
+        """Ask a yes/no question; empty input gives `default`."""
         while True:
             answer = self._read(f"{message} [{'Y/n' if default else 'y/N'}]: ").lower()
             if not answer:
@@ -105,12 +116,15 @@ class QuestionaryPrompter:
             raise ConfigAborted("input ended before all questions were answered.") from None
 
     def choose(self, message: str, choices: Sequence[str], default: str) -> str:
+        """Ask to pick one of `choices` in an arrow-key menu."""
         question = self._q.select(
             message, choices=list(choices), default=default, use_shortcuts=len(choices) <= 36
         )
         return str(self._ask(question))
 
     def text(self, message: str, default: str = "", validate: Validator | None = None) -> str:
+        """Ask for text in a field that `validate` checks as you type."""
+
         def check(answer: str) -> bool | str:
             problem = validate(answer) if validate else None
             return True if problem is None else problem
@@ -118,6 +132,7 @@ class QuestionaryPrompter:
         return str(self._ask(self._q.text(message, default=default, validate=check)))
 
     def confirm(self, message: str, default: bool = False) -> bool:
+        """Ask a yes/no question."""
         return bool(self._ask(self._q.confirm(message, default=default)))
 
 

@@ -8,8 +8,12 @@ import shutil
 import sys
 from typing import Any
 
+from .config_file import ConfigFileError, default_config_path, load_config_from_file
+from .hardware import usable_cpu_count, visible_gpu_count
+
 
 def register(subparsers: Any) -> None:
+    """Add the `env` command to the CLI parser."""
     parser = subparsers.add_parser(
         "env",
         help="Print versions, hardware and the config file, for bug reports.",
@@ -46,7 +50,6 @@ def _memory_gib() -> str:
 
 
 def _gpu_description() -> tuple[str, str | None]:
-    from .hardware import visible_gpu_count
 
     count = visible_gpu_count()
     if count > 0:
@@ -63,8 +66,7 @@ def _gpu_description() -> tuple[str, str | None]:
 
 
 def collect_info(config_file: str | None) -> tuple[dict[str, str], dict[str, Any] | str]:
-    from ..config import ConfigFileError, default_config_path, load_config_from_file
-    from .hardware import usable_cpu_count
+    """Return (versions and hardware by label, the config file settings or why it was not read)."""
 
     accelerator, gpu = _gpu_description()
     info = {
@@ -93,6 +95,7 @@ def collect_info(config_file: str | None) -> tuple[dict[str, str], dict[str, Any
 
 
 def env_command(args: argparse.Namespace) -> int:
+    """`cadence env`: print versions, hardware and the config, for bug reports; exit code 0."""
     info, config = collect_info(args.config_file)
     print("\nCopy-and-paste the text below in your GitHub issue\n")
     print("\n".join(f"- {key}: {value}" for key, value in info.items()))

@@ -64,8 +64,14 @@ def _flags_before_script(args: argparse.Namespace) -> list[str]:
 
 
 def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -> int:
-    from .launch_banner import format_banner, format_dry_run
-    from .launch_plan import LaunchPlanError, build_plan
+    from .launch_banner import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        format_banner,
+        format_dry_run,
+    )
+    from .launch_plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        LaunchPlanError,
+        build_plan,
+    )
 
     if unknown:
         unknown = unknown + _flags_before_script(args)
@@ -85,7 +91,9 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
         return 0
     if not plan.value("quiet"):
         print(format_banner(plan), file=sys.stderr, flush=True)
-    from .launch_runner import run_plan
+    from .launch_runner import (
+        run_plan,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
 
     try:
         return run_plan(plan)

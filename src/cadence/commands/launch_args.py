@@ -10,6 +10,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from ..precision_choice import MIXED_PRECISION_CHOICES
+
 DYNAMO_BACKENDS = (
     "no",
     "eager",
@@ -145,7 +147,7 @@ def build_launch_parser(
     add(hardware, "--multi_gpu", action="store_true", help="Run one process per GPU (NCCL).")
 
     resources = parser.add_argument_group("Resource selection")
-    add(resources, "--mixed_precision", type=_lower, choices=["no", "fp16", "bf16", "fp8"],
+    add(resources, "--mixed_precision", type=_lower, choices=MIXED_PRECISION_CHOICES,
         help="Mixed precision mode (default: no).")  # fmt: skip
     add(resources, "--num_processes", type=int,
         help="Total number of processes across all machines (default: GPUs here, else 1).")  # fmt: skip

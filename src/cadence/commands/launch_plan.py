@@ -1,7 +1,7 @@
 """Turn `cadence launch` flags, environment and config file into one validated launch plan.
 
 The plan says where each value came from (see `launch_settings`), holds the settings record the workers
-receive (`cadence.launch_config`), their environment, and the exact `torch.distributed.run` arguments.
+receive (`cadence.settings`), their environment, and the exact `torch.distributed.run` arguments.
 Building a plan starts nothing; it imports torch only to count GPUs on a machine with a GPU driver.
 All problems are collected and reported together in one LaunchPlanError.
 """
@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import config as config_files
-from ..launch_config import LAUNCH_CONFIG_ENV, encode_launch_config
+from ..precision_choice import check_precision_supported
+from ..settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from . import config_file as config_files
 from . import hardware
 from .launch_args import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
@@ -372,11 +373,28 @@ class _Planner:
                 "rank:value pairs like 0:3,1:0"
             )
         self.check_choice("mixed_precision", config_files.MIXED_PRECISION_CHOICES)
+        self.check_precision()
         self.check_choice("dynamo_backend", DYNAMO_BACKENDS)
         self.check_choice("dynamo_mode", DYNAMO_MODES)
         steps = self.value("gradient_accumulation_steps")
         if steps is not None and steps < 1:
             self.errors.append(f"--gradient_accumulation_steps must be at least 1, got {steps}")
+
+    def check_precision(self) -> None:
+        """The precision the backend cannot run is refused here, before any worker starts."""
+        precision = self.value("mixed_precision")
+        if precision is None or precision not in config_files.MIXED_PRECISION_CHOICES:
+            return
+        try:
+            check_precision_supported(
+                precision,
+                device_type=self.device.value,
+                engine="deepspeed" if self.value("use_deepspeed") else None,
+            )
+        except (ImportError, RuntimeError, NotImplementedError) as err:
+            self.errors.append(
+                f"--mixed_precision {precision} ({self.settings['mixed_precision'].source}): {err}"
+            )
 
     def check_combinations(self) -> None:
         """Options that only mean something together with another one."""

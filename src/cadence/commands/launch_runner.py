@@ -17,7 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .failure_report import WorkerFailure, failures_from_elastic, format_failure_summary
+from ..diagnostics.failure_report import (
+    WorkerFailure,
+    failures_from_elastic,
+    format_failure_summary,
+)
 from .launch_plan import LaunchPlan
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

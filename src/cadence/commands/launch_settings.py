@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import config as config_files
+from . import config_file as config_files
 from .launch_args import str_to_bool
 
 GPU_DISTRIBUTED_TYPES = {

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 DESCRIPTION = (
@@ -42,45 +41,12 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=merge_command)
 
 
-def _explain_missing(directory: Path) -> str:
-    message = f"{directory} is not a sharded checkpoint folder (no .metadata file found)."
-    candidates = [
-        directory / name
-        for name in ("pytorch_model_fsdp_0", "optimizer_0")
-        if (directory / name).is_dir()
-    ]
-    if candidates:
-        message += " Pass one of these instead: " + ", ".join(str(c) for c in candidates) + "."
-    return message
-
-
-def merge_fsdp_weights(
-    checkpoint_dir: str,
-    output_path: str,
-    safe_serialization: bool = True,
-    remove_checkpoint_dir: bool = False,
-) -> Path:
-    """Merge `checkpoint_dir` into `output_path/model.safetensors` (or `pytorch_model.bin`); return the file."""
-    import shutil
-
-    from ..checkpointing.model_io import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
-    from ..checkpointing.serialization import save
-    from ..strategies.sharded_state import merge_sharded_checkpoint
-
-    directory = Path(checkpoint_dir)
-    if not (directory / ".metadata").is_file():
-        raise FileNotFoundError(_explain_missing(directory))
-    state = merge_sharded_checkpoint(directory)
-    out = Path(output_path)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / (SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME)
-    save(state, target, safe_serialization=safe_serialization)
-    if remove_checkpoint_dir:
-        shutil.rmtree(directory)
-    return target
-
-
 def merge_command(args: argparse.Namespace) -> int:
+    """Run `cadence merge-weights`; prints where the merged weights went."""
+    from ..checkpointing.merge import (
+        merge_fsdp_weights,
+    )  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+
     try:
         target = merge_fsdp_weights(
             args.checkpoint_directory,

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import cadence.selftest.end_to_end as script
+    import cadence.selftest.end_to_end as script  # deferred: imports torch; only its path is needed
 
     command = [sys.executable, "-m", "cadence.commands.cli", "launch"]
     if args.config_file is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..ops import recursively_apply, send_to_device
+from ..collectives import recursively_apply, send_to_device
 
 
 @dataclass

@@ -13,8 +13,14 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..collectives import (
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    recursively_apply,
+    send_to_device,
+)
 from ..input_errors import with_rank
-from ..ops import broadcast, broadcast_object_list, concatenate, recursively_apply, send_to_device
 from ..state import PartialState
 from .batches import find_batch_size, get_data_structure, initialize_tensors, slice_tensors
 from .loaders import _EXHAUSTED, DataLoaderAdapter, DataLoaderStateMixin

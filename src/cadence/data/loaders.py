@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from ..state import GradientState
+from ..utils.random import synchronize_rng_states
 from .batches import device_mover
 from .position import (
     LoaderPosition,
@@ -254,8 +255,6 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         # Everything happens at the first next(), as for any generator (iter() alone does nothing).
         resume = self._position.take_pending()
         if resume is None and self.rng_types is not None:
-            from ..utils.random import synchronize_rng_states
-
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         self.begin()
         self.set_epoch(self.iteration)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..ops import gather, gather_object, recursively_apply
+from ..collectives import gather, gather_object, recursively_apply
 from ..state import GradientState
 
 

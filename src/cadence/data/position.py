@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .samplers import get_sampler
+
 STATE_VERSION = 1
 _KEYS = ("version", "epoch", "batches_yielded", "in_epoch", "generator_names", "generator_states")
 
@@ -49,7 +51,6 @@ class LoaderPosition:
 
 def named_generators(loader: Any) -> list[tuple[str, torch.Generator]]:
     """The distinct torch.Generator objects that decide a loader's order, in a fixed order."""
-    from .samplers import get_sampler
 
     candidates = [
         ("synchronized", getattr(loader, "synchronized_generator", None)),

@@ -9,8 +9,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from ..collectives import broadcast_object_list
 from ..enums import DistributedType, RNGType
 from ..input_errors import rank_named_errors
+from ..plugins.parallelism import mesh_data_parallel_coordinates
 from ..state import PartialState
 from .dispatch import DataLoaderDispatcher
 from .loaders import DataLoaderShard
@@ -92,8 +94,11 @@ def prepare_data_loader(
     num_processes = state.num_processes if num_processes is None else num_processes
     process_index = state.process_index if process_index is None else process_index
     if torch_device_mesh is not None:
-        num_processes, process_index = _data_parallel_coordinates(
-            torch_device_mesh, num_processes, process_index, state
+        process_index, num_processes = mesh_data_parallel_coordinates(
+            torch_device_mesh,
+            process_index,
+            num_processes,
+            deepspeed=state.distributed_type == DistributedType.DEEPSPEED,
         )
     _check_coordinates(num_processes, process_index)
     if split_batches:
@@ -259,7 +264,6 @@ def _check_split_batch_size(dataloader: DataLoader, num_processes: int) -> None:
 
 def _agree_on_seed(sampler: SeedableRandomSampler) -> None:
     """Without data_seed every process takes its torch seed, which may differ: use the main one's."""
-    from ..ops import broadcast_object_list
 
     sampler.initial_seed = broadcast_object_list([sampler.initial_seed], from_process=0)[0]
 
@@ -272,21 +276,4 @@ def _is_shardable_hf_iterable(dataset: Any, split_batches: bool, num_processes: 
         and isinstance(dataset, hf_iterable)
         and not split_batches
         and dataset.n_shards >= num_processes
-    )
-
-
-def _data_parallel_coordinates(
-    mesh: Any, num_processes: int, process_index: int, state: PartialState
-) -> tuple[int, int]:
-    """Processes that share a tensor/context-parallel group read the same batches."""
-    names = mesh.mesh_dim_names or ()
-
-    def size(name: str) -> int:
-        return mesh[name].size() if name in names else 1
-
-    if state.distributed_type == DistributedType.DEEPSPEED:
-        return num_processes // size("tp"), process_index // size("tp")
-    return (
-        size("dp_shard") * size("dp_replicate"),
-        process_index // (size("tp") * size("cp")),
     )

@@ -15,6 +15,8 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, IterableDataset
 
+from .samplers import epoch_order
+
 
 def _cycled(items: list[Any], length: int) -> list[Any]:
     """The first `length` items of `items` repeated end to end."""
@@ -84,7 +86,6 @@ class BatchSamplerShard(BatchSampler):
     def __iter__(self) -> Iterator[list[Any]]:
         # A generator, so that nothing is drawn from the sampler's RNG before the first batch is asked
         # for (the DataLoader's iterator draws its worker seed first).
-        from .samplers import epoch_order
 
         order = epoch_order(self.batch_sampler)
         if order is not None:

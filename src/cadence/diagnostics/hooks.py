@@ -11,12 +11,19 @@ import atexit
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+from ..settings import resolve_flag
+from . import stopping
 from .callsite import describe_frame, is_user_file
+from .stopping import describe_reason, write_error_file
+from .verdict import rank_list
 
 _installed = False
 _previous_excepthook = sys.excepthook
+# Returns this process's running watchdog (or None); given by the watchdog when it installs the hooks.
+_active_watchdog: Callable[[], Any] = lambda: None  # noqa: E731
 # How a collective fails when a peer went away: a consequence, not a cause.
 _LOST_PEER = re.compile(
     r"Connection closed by peer|Connection reset|Broken pipe|DistBackendError|DistNetworkError|"
@@ -25,8 +32,10 @@ _LOST_PEER = re.compile(
 )
 
 
-def install_hooks() -> None:
-    global _installed, _previous_excepthook
+def install_hooks(active_watchdog: Callable[[], Any]) -> None:
+    """Install the fail-fast excepthook and exit hook; `active_watchdog()` gives the running watchdog."""
+    global _installed, _previous_excepthook, _active_watchdog
+    _active_watchdog = active_watchdog
     if _installed:
         return
     _installed = True
@@ -53,9 +62,7 @@ def _one_line(error_type: type, error: BaseException, limit: int = 300) -> str:
 def announce_failure(error_type: type, error: BaseException, traceback: Any) -> str | None:
     """Record this rank's failure for the others. Returns a line to print instead of the traceback
     when the failure is only a consequence (its collective lost a peer that ended), else None."""
-    from .watchdog import active_watchdog
-
-    watchdog = active_watchdog()
+    watchdog = _active_watchdog()
     if watchdog is None or watchdog.final_phase is not None:
         return None
     summary = _one_line(error_type, error)
@@ -65,8 +72,6 @@ def announce_failure(error_type: type, error: BaseException, traceback: Any) -> 
         # Never the root cause: name the rank that failed first when it said so.
         first = watchdog.channel.stop_reason()
         if first is not None and first.get("rank") != watchdog.rank:
-            from .stopping import describe_reason
-
             cause = describe_reason(first)
         else:
             cause = _who_ended(watchdog)
@@ -82,7 +87,6 @@ def announce_failure(error_type: type, error: BaseException, traceback: Any) -> 
 
 
 def _who_ended(watchdog: Any) -> str:
-    from .verdict import rank_list
 
     states = watchdog.channel.states(watchdog.world_size)
     ended = [
@@ -99,8 +103,6 @@ def _who_ended(watchdog: Any) -> str:
 def _leave_error_file(error_type: type, error: BaseException, traceback: Any) -> None:
     import traceback as tb
 
-    from .stopping import write_error_file
-
     details = "".join(tb.format_exception(error_type, error, traceback))
     write_error_file(_one_line(error_type, error), details, error_type.__name__)
 
@@ -114,7 +116,6 @@ def _on_uncaught_exception(error_type: type, error: BaseException, traceback: An
     if consequence is None:
         _previous_excepthook(error_type, error, traceback)
         return
-    from . import stopping
 
     if not stopping.announced:  # the watchdog may have said why this rank stops already
         print(consequence, file=sys.stderr, flush=True)
@@ -124,15 +125,12 @@ def _on_uncaught_exception(error_type: type, error: BaseException, traceback: An
 
 
 def _debug() -> bool:
-    from ..state import PartialState
 
-    return bool(PartialState._shared_state.get("debug"))
+    return resolve_flag("debug").value
 
 
 def _on_exit() -> None:
-    from .watchdog import active_watchdog
-
-    watchdog = active_watchdog()
+    watchdog = _active_watchdog()
     if watchdog is None:
         return
     try:

@@ -8,15 +8,14 @@ them completes, so a rank blocked later (at `.item()`, say) still shows the coll
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import deque
 from typing import Any
 
-from .callsite import caller_outside_cadence, describe_frame
-
-_OFF = {"0", "false", "no", "off"}
+from ..settings import env_bool
+from .callsite import caller_outside_cadence, describe_frame, user_call_site
+from .signature import describe_inputs
 
 
 class Entry:
@@ -70,8 +69,6 @@ class Entry:
 
     def describe_inputs(self) -> str:
         if self.shapes is None:
-            from .signature import describe_inputs
-
             inputs = self.inputs
             self.shapes = "" if inputs is None else describe_inputs(inputs)
         return self.shapes
@@ -95,20 +92,18 @@ class _Unrecorded:
         return None
 
     def call_site(self) -> str:
-        from .callsite import user_call_site
 
         filename, lineno = user_call_site(3)
         return describe_frame(None) if not lineno else f"{filename}:{lineno}"
 
     def describe_inputs(self) -> str:
-        from .signature import describe_inputs
 
         return "" if self.inputs is None else describe_inputs(self.inputs)
 
 
 class Ledger:
     def __init__(self) -> None:
-        self.enabled = os.environ.get("CADENCE_LEDGER", "1").strip().lower() not in _OFF
+        self.enabled = env_bool("CADENCE_LEDGER", True)
         self.sequence = 0
         self.completed = 0
         self.current: Entry | None = None

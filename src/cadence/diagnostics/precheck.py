@@ -10,12 +10,12 @@ On NCCL without debug mode the watchdog reports mismatches instead (they hang th
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ..settings import env_bool
 from .errors import DistributedOperationException
 from .signature import describe_inputs, operation_code, signature_hash
 
@@ -25,8 +25,7 @@ MAGIC = 0x0CAD5EC7
 # it is opt-in: CADENCE_HANDSHAKE=1, or debug mode (which compares full details instead). Without it,
 # diverging collectives are still stopped and reported by the watchdog (CADENCE_LEDGER=0 switches all
 # diagnostics off).
-_ON = ("1", "true", "yes", "on")
-handshake_enabled = os.environ.get("CADENCE_HANDSHAKE", "0").strip().lower() in _ON
+handshake_enabled = env_bool("CADENCE_HANDSHAKE", False)
 
 
 def _uses_gloo(state: Any) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .callsite import main_thread_location
 from .channel import SideChannel
+from .hooks import install_hooks
 from .ledger import ledger
 from .settings import WatchSettings
 from .stopping import stop_process
@@ -206,9 +207,7 @@ def start_watchdog(state: Any, settings: WatchSettings) -> Watchdog | None:
     ledger.device_events = getattr(state.device, "type", "cpu") == "cuda"
     watchdog = Watchdog(channel, state.process_index, state.num_processes, settings, group)
     _active = watchdog
-    from .hooks import install_hooks
-
-    install_hooks()
+    install_hooks(active_watchdog)
     watchdog.start()
     return watchdog
 

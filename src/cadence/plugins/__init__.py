@@ -5,8 +5,7 @@ Names resolve on first use, so importing `cadence.plugins` does not import torch
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cadence.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "FullyShardedDataParallelPlugin": "cadence.plugins.fsdp",
@@ -27,14 +26,4 @@ _ALIASES = {"HfDeepSpeedConfig": "DeepSpeedConfig"}
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cadence.plugins' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), _ALIASES.get(name, name))
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _ALIASES)

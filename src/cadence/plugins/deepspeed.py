@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._env import as_bool, env_text
+from ..settings import env_text
+from ..settings import parse_bool as as_bool
+from .fsdp import find_module_class
 
 # Plugin field -> dotted key of the DeepSpeed config that it mirrors.
 PLUGIN_TO_CONFIG = {
@@ -45,6 +47,7 @@ FIELDS_OWNED_BY_CONFIG_FILE = (
 
 
 def deepspeed_missing_error(what: str = "DeepSpeed") -> ImportError:
+    """The ImportError to raise when `what` needs DeepSpeed and it is not installed."""
     return ImportError(
         f"{what} needs the `deepspeed` package, which is not installed: `pip install cadence[deepspeed]` "
         "(or `pip install deepspeed`), or train with FSDP / DDP instead."
@@ -87,6 +90,7 @@ class DeepSpeedConfig:
             ) from None
 
     def set_stage_and_offload(self) -> None:
+        """Read the ZeRO stage and whether optimizer/parameters are offloaded from the config."""
         self._stage = self.get_value("zero_optimization.stage", -1)
         devices = {
             self.get_value("zero_optimization.offload_optimizer.device"),
@@ -95,6 +99,7 @@ class DeepSpeedConfig:
         self._offload = self._stage in (2, 3) and bool(devices & {"cpu", "nvme"})
 
     def find_config_node(self, ds_key_long: str) -> tuple[dict | None, str]:
+        """The dict holding dotted key `ds_key_long` and its last part (None: no such parent)."""
         node: Any = self.config
         *parents, key = ds_key_long.split(".")
         for name in parents:
@@ -104,10 +109,12 @@ class DeepSpeedConfig:
         return node, key
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """The value at dotted key `ds_key_long`, or `default` when absent."""
         node, key = self.find_config_node(ds_key_long)
         return default if node is None else node.get(key, default)
 
     def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
+        """Remove the entry at `ds_key_long`; raise if absent and `must_exist`."""
         node, key = self.find_config_node(ds_key_long)
         if node is None or key not in node:
             if must_exist:
@@ -116,26 +123,42 @@ class DeepSpeedConfig:
         node.pop(key)
 
     def is_true(self, ds_key_long: str) -> bool:
+        """Whether the value at `ds_key_long` is set and truthy."""
         value = self.get_value(ds_key_long)
         return False if value is None else bool(value)
 
     def is_false(self, ds_key_long: str) -> bool:
+        """Whether the value at `ds_key_long` is set and falsy."""
         value = self.get_value(ds_key_long)
         return False if value is None else not bool(value)
 
     def is_zero2(self) -> bool:
+        """Whether the config uses ZeRO stage 2."""
         return self._stage == 2
 
     def is_zero3(self) -> bool:
+        """Whether the config uses ZeRO stage 3."""
         return self._stage == 3
 
     def is_offload(self) -> bool:
+        """Whether ZeRO 2/3 offloads the optimizer or parameters to CPU or NVMe."""
         return self._offload
 
 
 @dataclass
 class DeepSpeedPlugin:
-    """DeepSpeed settings; pass as `Accelerator(deepspeed_plugin=...)` or several as a dict of named plugins."""
+    """DeepSpeed settings: `Accelerator(deepspeed_plugin=...)`, or several in a dict by name.
+
+    Unset fields come from the ACCELERATE_* environment (what `cadence launch` sets), then defaults.
+
+    Example::
+
+        from cadence import Accelerator, DeepSpeedPlugin
+
+        plugin = DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=2, gradient_clipping=1.0)
+        accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=plugin)
+        model, optimizer = accelerator.prepare(model, optimizer)
+    """
 
     hf_ds_config: Any = None
     gradient_accumulation_steps: int = None
@@ -322,10 +345,12 @@ class DeepSpeedPlugin:
             )
 
     def is_auto(self, ds_key_long: str) -> bool:
+        """Whether the config value at `ds_key_long` is 'auto'."""
         value = self.hf_ds_config.get_value(ds_key_long)
         return value is not None and value == "auto"
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """The config value at dotted key `ds_key_long`, or `default`."""
         return self.hf_ds_config.get_value(ds_key_long, default)
 
     def deepspeed_config_process(
@@ -404,10 +429,12 @@ class DeepSpeedPlugin:
         self.dschf = HfDeepSpeedConfig(config)
 
     def is_zero3_init_enabled(self) -> bool:
+        """Whether models are built directly partitioned (ZeRO-3 `zero.Init`)."""
         return bool(self.zero3_init_flag)
 
     @contextmanager
     def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        """Context manager: turn ZeRO-3 `zero.Init` on or off (`enable`) inside the block."""
         previous = self.zero3_init_flag
         if previous == enable:
             yield
@@ -423,13 +450,12 @@ class DeepSpeedPlugin:
             self.set_deepspeed_weakref()
 
     def set_moe_leaf_modules(self, model: Any) -> None:
+        """Make the MoE layer classes in `transformer_moe_cls_names` ZeRO-3 leaf modules."""
         if self.transformer_moe_cls_names is None:
             self.transformer_moe_cls_names = env_text("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES")
         if self.transformer_moe_cls_names is None:
             return
         from deepspeed.utils import set_z3_leaf_modules
-
-        from .fsdp import find_module_class
 
         classes = []
         for name in self.transformer_moe_cls_names.split(","):
@@ -440,6 +466,7 @@ class DeepSpeedPlugin:
         set_z3_leaf_modules(model, classes)
 
     def select(self, _from_accelerator_state: bool = False) -> None:
+        """Mark this plugin active; only `AcceleratorState.select_deepspeed_plugin` may call it."""
         if not _from_accelerator_state:
             raise ValueError(
                 "Activate a DeepSpeedPlugin with AcceleratorState().select_deepspeed_plugin(name)."
@@ -451,10 +478,12 @@ class DeepSpeedPlugin:
 
     @property
     def selected(self) -> bool:
+        """Whether this plugin is the active one among several named plugins."""
         return self._selected
 
     @selected.setter
     def selected(self, value: bool) -> None:
+        """Refuse direct assignment: use `AcceleratorState().select_deepspeed_plugin(name)`."""
         raise NotImplementedError(
             "`selected` is set through AcceleratorState().select_deepspeed_plugin(name)."
         )

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from ._env import as_bool, env_bool, env_text, rank_prefix
+from ..input_errors import rank_prefix
+from ..settings import env_bool, env_text
+from ..settings import parse_bool as as_bool
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +84,22 @@ def find_module_class(model: torch.nn.Module, class_name: str) -> type | None:
 
 @dataclass
 class FullyShardedDataParallelPlugin:
-    """Settings for fully sharded data parallel training; pass it as `Accelerator(fsdp_plugin=...)`."""
+    """Settings for fully sharded data parallel training; pass it as `Accelerator(fsdp_plugin=...)`.
+
+    Unset fields come from the FSDP_* environment (what `cadence launch` sets), then defaults.
+
+    Example::
+
+        from cadence import Accelerator, FullyShardedDataParallelPlugin
+
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=["DecoderLayer"],
+        )
+        accelerator = Accelerator(fsdp_plugin=plugin)
+        model, optimizer = accelerator.prepare(model, optimizer)
+    """
 
     fsdp_version: int = None
     sharding_strategy: Any = None
@@ -388,6 +405,7 @@ class FullyShardedDataParallelPlugin:
             self.mixed_precision_policy = policy_class(**given)
 
     def validate_mixed_precision_policy(self) -> None:
+        """Raise unless `mixed_precision_policy` is the policy class of this FSDP version."""
         if self.fsdp_version == 2:
             from torch.distributed.fsdp import MixedPrecisionPolicy as policy_class
         else:
@@ -399,6 +417,7 @@ class FullyShardedDataParallelPlugin:
             )
 
     def set_cpu_offload(self) -> None:
+        """Turn a bool (or 'true'/'false') `cpu_offload` into this FSDP version's offload object."""
         if isinstance(self.cpu_offload, str):
             self.cpu_offload = as_bool(self.cpu_offload, "cpu_offload")
         if not isinstance(self.cpu_offload, bool):
@@ -413,6 +432,7 @@ class FullyShardedDataParallelPlugin:
             self.cpu_offload = CPUOffload(offload_params=self.cpu_offload)
 
     def validate_cpu_offload(self) -> None:
+        """Raise unless `cpu_offload` is the offload class of this FSDP version."""
         if self.fsdp_version == 2:
             from torch.distributed.fsdp import OffloadPolicy
 
@@ -441,6 +461,7 @@ class FullyShardedDataParallelPlugin:
 
     @property
     def is_sharded_state_dict(self) -> bool:
+        """Whether checkpoints use the sharded state dict type."""
         return getattr(self.state_dict_type, "name", None) == "SHARDED_STATE_DICT"
 
 
@@ -472,3 +493,14 @@ def fsdp_plugin_from_launch(record: dict[str, Any]) -> FullyShardedDataParallelP
     else:
         kwargs["reshard_after_forward"] = str(record.get("reshard_after_forward", "true"))
     return FullyShardedDataParallelPlugin(**kwargs)
+
+
+def check_fsdp1_supported(plugin: Any, device: torch.device, rank: int = 0) -> None:
+    """Refuse FSDP1 settings that cannot run on `device`, before any process group work."""
+    if device.type == "cpu" and plugin.offloads_parameters:
+        raise ValueError(
+            f"[rank {rank}] FSDP1 CPU offload (cpu_offload=True / --fsdp_offload_params true) does not work "
+            "when training on the CPU: the parameters already live there, and FSDP1's offload path "
+            "needs a GPU. Turn offload off, or use FSDP2 (fsdp_version=2), whose CPUOffloadPolicy "
+            "works on the CPU."
+        )

@@ -3,12 +3,12 @@ context and sequence parallel sizes), and the small per-dimension settings class
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..enums import DistributedType
+from ..settings import env_text, resolve_flag
 
 # Outermost dimension first: replicas, then shards, then the dimensions whose ranks see the same batch.
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
@@ -49,9 +49,7 @@ class TorchContextParallelConfig:
 
     def __post_init__(self) -> None:
         if self.cp_comm_strategy is None:
-            self.cp_comm_strategy = os.environ.get(
-                "PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather"
-            )
+            self.cp_comm_strategy = env_text("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in ("allgather", "alltoall"):
             raise ValueError(
                 f"cp_comm_strategy must be 'allgather' or 'alltoall', got {self.cp_comm_strategy!r}."
@@ -68,10 +66,10 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self) -> None:
         if self.sp_seq_length_is_variable is None:
-            raw = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
+            raw = env_text("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
             self.sp_seq_length_is_variable = raw.lower() == "true"
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
-            raw = os.environ.get("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
+            raw = env_text("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
             if raw is None:
                 raise ValueError(
                     "sp_seq_length_is_variable=False needs sp_seq_length (or the environment variable "
@@ -79,13 +77,11 @@ class DeepSpeedSequenceParallelConfig:
                 )
             self.sp_seq_length = None if raw == "None" else int(raw)
         if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = os.environ.get(
-                "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"
-            )
+            self.sp_attn_implementation = env_text("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
 
 
 def _env_size(name: str) -> int:
-    return int(os.environ.get(f"PARALLELISM_CONFIG_{name.upper()}", "1"))
+    return int(env_text(f"PARALLELISM_CONFIG_{name.upper()}", "1"))
 
 
 @dataclass
@@ -95,6 +91,16 @@ class ParallelismConfig:
     `dp_shard_size > 1` shards the model (FSDP2); with `dp_replicate_size > 1` too, that is hybrid
     sharding (HSDP). `tp_size > 1` splits layers by the model's tensor parallel plan; every rank of
     one tensor parallel group sees the same batch.
+
+    Example::
+
+        from cadence import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
+
+        # 8 processes: 2 replicas, each sharded over 4 ranks
+        config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=4)
+        accelerator = Accelerator(
+            parallelism_config=config, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)
+        )
     """
 
     dp_replicate_size: int | None = None
@@ -118,9 +124,9 @@ class ParallelismConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{attr} must be an integer of at least 1, got {value!r}.")
         if self.cp_backend is None:
-            self.cp_backend = os.environ.get("PARALLELISM_CONFIG_CP_BACKEND", "torch")
+            self.cp_backend = env_text("PARALLELISM_CONFIG_CP_BACKEND", "torch")
         if self.sp_backend is None:
-            self.sp_backend = os.environ.get("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
+            self.sp_backend = env_text("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
         if self.cp_backend != "torch":
             raise ValueError(f"cp_backend must be 'torch', got {self.cp_backend!r}.")
         if self.sp_backend != "deepspeed":
@@ -171,60 +177,74 @@ class ParallelismConfig:
 
     @property
     def total_size(self) -> int:
+        """The product of all dimension sizes (must equal the number of processes)."""
         return (
             self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
         )
 
     @property
     def non_data_parallel_size(self) -> int:
+        """Ranks that see the same batch: tp x cp x sp sizes."""
         return self.tp_size * self.cp_size * self.sp_size
 
     @property
     def data_parallel_size(self) -> int:
+        """Number of data-parallel ranks: dp_replicate x dp_shard sizes."""
         return self.dp_replicate_size * self.dp_shard_size
 
     @property
     def dp_replicate_enabled(self) -> bool:
+        """Whether the model is replicated over more than one group."""
         return self.dp_replicate_size > 1
 
     @property
     def dp_shard_enabled(self) -> bool:
+        """Whether the model is sharded over more than one rank."""
         return self.dp_shard_size > 1
 
     @property
     def tp_enabled(self) -> bool:
+        """Whether tensor parallelism is on (tp_size > 1)."""
         return self.tp_size > 1
 
     @property
     def cp_enabled(self) -> bool:
+        """Whether context parallelism is on (cp_size > 1)."""
         return self.cp_size > 1
 
     @property
     def sp_enabled(self) -> bool:
+        """Whether sequence parallelism is on (sp_size > 1)."""
         return self.sp_size > 1
 
     @property
     def dp_dim_names(self) -> list[str]:
+        """The active data-parallel mesh dimensions (dp_replicate, dp_shard)."""
         return [n for n in ("dp_replicate", "dp_shard") if self._sizes[n] > 1]
 
     @property
     def non_dp_dim_names(self) -> list[str]:
+        """The active non-data-parallel mesh dimensions (tp, cp, sp)."""
         return [n for n in ("tp", "cp", "sp") if self._sizes[n] > 1]
 
     @property
     def dp_shard_cp_dim_names(self) -> list[str]:
+        """The active dimensions among dp_shard and cp (flattened into `dp_shard_cp`)."""
         return [n for n in ("dp_shard", "cp") if self._sizes[n] > 1]
 
     @property
     def dp_cp_dim_names(self) -> list[str]:
+        """The active dimensions among dp_replicate, dp_shard and cp (flattened into `dp_cp`)."""
         return [n for n in ("dp_replicate", "dp_shard", "cp") if self._sizes[n] > 1]
 
     @property
     def fsdp_dim_names(self) -> list[str]:
+        """The mesh dimensions FSDP shards over: `dp_shard_cp`, after `dp_replicate` if on."""
         return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
 
     @property
     def active_mesh_dims(self) -> list[str]:
+        """All active mesh dimensions: the data-parallel ones, then the others."""
         return self.dp_dim_names + self.non_dp_dim_names
 
     # -- the device mesh ----------------------------------------------------------------------------
@@ -252,6 +272,7 @@ class ParallelismConfig:
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
+        """The device mesh, built on first call for `device_type`; later calls return the same."""
         if self.device_mesh is None:
             if device_type is None:
                 raise ValueError(
@@ -264,9 +285,14 @@ class ParallelismConfig:
             )
         return self.device_mesh
 
-    def _validate_accelerator(self, accelerator: Any) -> None:
+    def validate(
+        self,
+        num_processes: int,
+        distributed_type: DistributedType,
+        is_fsdp2: bool,
+        is_main_process: bool,
+    ) -> None:
         """Check the sizes against the processes and the distributed type (fills dp_replicate for DDP)."""
-        num_processes = accelerator.num_processes
         if num_processes == 1 and self.total_size == 1:
             return
         if self.total_size == 1:
@@ -282,8 +308,6 @@ class ParallelismConfig:
                 f"dp_shard {self.dp_shard_size} x tp {self.tp_size} x cp {self.cp_size}) does not match the "
                 f"number of processes ({num_processes}). Adjust the sizes so their product is {num_processes}."
             )
-        is_fsdp2 = bool(getattr(accelerator, "is_fsdp2", False))
-        distributed_type = accelerator.distributed_type
         if is_fsdp2 and not (self.dp_shard_enabled or self.cp_enabled):
             raise ValueError(
                 "FSDP is enabled but the ParallelismConfig has no dimension to shard over (dp_shard_size "
@@ -296,7 +320,7 @@ class ParallelismConfig:
             )
         for name, size in self._sizes.items():
             if size == 1 and getattr(self, f"{name}_handler", None) is not None:
-                if accelerator.is_main_process:
+                if is_main_process:
                     warnings.warn(
                         f"ParallelismConfig.{name}_handler is set but {name}_size is 1: it is ignored.",
                         UserWarning,
@@ -312,6 +336,7 @@ class ParallelismConfig:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The sizes, backends and handlers as a JSON-friendly dict."""
         result: dict[str, Any] = {}
         for name in (
             "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size",
@@ -324,6 +349,36 @@ class ParallelismConfig:
 
 def parallelism_from_env() -> ParallelismConfig | None:
     """A ParallelismConfig from PARALLELISM_CONFIG_* when ACCELERATE_USE_PARALLELISM_CONFIG is true."""
-    if os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+    if resolve_flag("use_parallelism_config", launch={}).value:
         return ParallelismConfig()
     return None
+
+
+def data_parallel_coordinates(
+    config: ParallelismConfig | None, device: Any, process_index: int, num_processes: int
+) -> tuple[int, int]:
+    """(index, count) of this process among the data-parallel replicas of `config`'s mesh: ranks that
+    share a tensor/context-parallel group read the same batches."""
+    if config is None or config.non_data_parallel_size <= 1:
+        return process_index, num_processes
+    if not config.dp_dim_names:
+        return 0, 1
+    dp = config.get_device_mesh(device.type)["dp"]
+    return dp.get_local_rank(), dp.size()
+
+
+def mesh_data_parallel_coordinates(
+    mesh: Any, process_index: int, num_processes: int, deepspeed: bool = False
+) -> tuple[int, int]:
+    """(index, count) among the data-parallel replicas of a device mesh given to prepare_data_loader."""
+    names = mesh.mesh_dim_names or ()
+
+    def size(name: str) -> int:
+        return mesh[name].size() if name in names else 1
+
+    if deepspeed:
+        return process_index // size("tp"), num_processes // size("tp")
+    return (
+        process_index // (size("tp") * size("cp")),
+        size("dp_shard") * size("dp_replicate"),
+    )

@@ -7,20 +7,17 @@ Runs before any process group exists, so every bad combination fails before a si
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from ._env import as_bool
-
-
-def _env_true(name: str) -> bool:
-    raw = os.environ.get(name)
-    return raw is not None and as_bool(raw, name)
+from ..enums import DistributedType
+from ..settings import resolve_flag
 
 
 @dataclass
 class ParallelPlugins:
+    """The resolved FSDP plugin, DeepSpeed plugin(s) and ParallelismConfig of a training."""
+
     fsdp_plugin: Any = None
     deepspeed_plugins: Any = None  # one DeepSpeedPlugin, or a dict name -> DeepSpeedPlugin
     parallelism_config: Any = None
@@ -34,9 +31,22 @@ def resolve_parallel_plugins(
     parallelism_config: Any,
     launch: dict[str, Any],
 ) -> ParallelPlugins:
-    from .deepspeed import DeepSpeedPlugin, deepspeed_missing_error, deepspeed_plugin_from_launch
-    from .fsdp import FullyShardedDataParallelPlugin, fsdp_plugin_from_launch
-    from .parallelism import ParallelismConfig, TorchTensorParallelPlugin, parallelism_from_env
+    """Pick the plugins from the arguments, launch record or environment; raise on bad mixes."""
+
+    from .deepspeed import (  # deferred: a backend's plugin module loads only when asked for
+        DeepSpeedPlugin,
+        deepspeed_missing_error,
+        deepspeed_plugin_from_launch,
+    )
+    from .fsdp import (  # deferred: a backend's plugin module loads only when asked for
+        FullyShardedDataParallelPlugin,
+        fsdp_plugin_from_launch,
+    )
+    from .parallelism import (  # deferred: a backend's plugin module loads only when asked for
+        ParallelismConfig,
+        TorchTensorParallelPlugin,
+        parallelism_from_env,
+    )
 
     if fsdp_plugin is not None and not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
         raise TypeError(
@@ -45,7 +55,7 @@ def resolve_parallel_plugins(
     if fsdp_plugin is None:
         if isinstance(launch.get("fsdp"), dict):
             fsdp_plugin = fsdp_plugin_from_launch(launch["fsdp"])
-        elif _env_true("ACCELERATE_USE_FSDP"):
+        elif resolve_flag("use_fsdp", launch={}).value:
             fsdp_plugin = FullyShardedDataParallelPlugin()
 
     if deepspeed_plugins is not None:
@@ -64,7 +74,7 @@ def resolve_parallel_plugins(
                 )
     elif isinstance(launch.get("deepspeed"), dict):
         deepspeed_plugins = deepspeed_plugin_from_launch(launch["deepspeed"])
-    elif _env_true("ACCELERATE_USE_DEEPSPEED"):
+    elif resolve_flag("use_deepspeed", launch={}).value:
         deepspeed_plugins = DeepSpeedPlugin()
     if deepspeed_plugins is not None and importlib.util.find_spec("deepspeed") is None:
         raise deepspeed_missing_error("DeepSpeed training (deepspeed_plugin / --use_deepspeed)")
@@ -99,7 +109,6 @@ def resolve_parallel_plugins(
 
 def configure_state(state: Any, plugins: ParallelPlugins) -> None:
     """Set the AcceleratorState's plugins and distributed type (after the process group exists)."""
-    from ..enums import DistributedType
 
     state.fsdp_plugin = None
     state.deepspeed_plugins = None
@@ -120,14 +129,19 @@ def configure_state(state: Any, plugins: ParallelPlugins) -> None:
             if state._mixed_precision != "no":
                 plugins.fsdp_plugin.set_mixed_precision(state._mixed_precision)
             if plugins.fsdp_plugin.fsdp_version == 1:
-                from ..strategies.fsdp1 import check_fsdp1_supported
+                from .fsdp import (
+                    check_fsdp1_supported,  # deferred: a backend's plugin module loads only when asked for
+                )
 
                 check_fsdp1_supported(plugins.fsdp_plugin, state.device, state.process_index)
 
 
-def setup_device_mesh(accelerator: Any) -> None:
-    """Check the ParallelismConfig against the processes and build its device mesh (all ranks)."""
-    config = accelerator.state.parallelism_config
-    config._validate_accelerator(accelerator)
-    if config.total_size > 1 and accelerator.num_processes > 1:
-        accelerator.state.device_mesh = config.get_device_mesh(accelerator.device.type)
+def setup_device_mesh(state: Any) -> None:
+    """Check the AcceleratorState's ParallelismConfig against the processes and build its device mesh
+    (collective: every rank calls it)."""
+    config = state.parallelism_config
+    config.validate(
+        state.num_processes, state.distributed_type, state.is_fsdp2, state.is_main_process
+    )
+    if config.total_size > 1 and state.num_processes > 1:
+        state.device_mesh = config.get_device_mesh(state.device.type)

@@ -10,6 +10,9 @@ import tempfile
 
 import torch
 
+from cadence import Accelerator
+from cadence.utils import broadcast_object_list, gather_object
+
 
 def check(condition: bool, what: str) -> None:
     if not condition:
@@ -24,7 +27,6 @@ def check_collectives(accelerator) -> None:
         torch.tensor([rank + 1.0], device=accelerator.device), reduction="sum"
     )
     check(total.item() == n * (n + 1) / 2, f"reduce(sum) gave {total.item()}")
-    from cadence.utils import broadcast_object_list, gather_object
 
     check(gather_object([rank]) == list(range(n)), "gather_object of ranks")
     message = ["from the main process"] if accelerator.is_main_process else [None]
@@ -61,7 +63,6 @@ def check_training_and_checkpoint(accelerator) -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, make_loader(8))
     first = train_steps(accelerator, model, optimizer, loader, 2)
     directory = tempfile.mkdtemp(prefix="cadence-test-") if accelerator.is_main_process else None
-    from cadence.utils import broadcast_object_list
 
     directory = broadcast_object_list([directory])[0]
     accelerator.save_state(directory)
@@ -78,7 +79,6 @@ def check_training_and_checkpoint(accelerator) -> None:
 
 
 def main() -> None:
-    from cadence import Accelerator
 
     accelerator = Accelerator()
     accelerator.print(

@@ -1,30 +1,70 @@
-"""One strategy per backend: how a model is wrapped, synchronised, unwrapped and clipped."""
+"""One strategy per backend: how a model is wrapped, synchronised, unwrapped, clipped and saved.
+
+`select_strategy` is the one function that chooses the strategy and, with it, its precision policy.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..enums import DistributedType
+from ..precision import (
+    AutocastPrecision,
+    EnginePrecision,
+    Precision,
+    PrecisionRequest,
+    ShardedAutocastPrecision,
+    check_precision_supported,
+)
+from ..prepared import PreparedObjects
+from ..state import GradientState
 from .base import Strategy
+from .context import StrategyContext
+
+__all__ = ["Strategy", "StrategyContext", "select_strategy", "select_precision"]
 
 
-def select_strategy(accelerator: Any) -> Strategy:
-    distributed_type = accelerator.distributed_type
+def select_precision(context: StrategyContext, request: PrecisionRequest) -> Precision:
+    """The precision policy of the backend in `context` for what `request` asks."""
+    if context.distributed_type == DistributedType.DEEPSPEED:
+        check_precision_supported(request.mixed_precision, device_type=None, engine="deepspeed")
+        return EnginePrecision(context.mixed_precision)
+    check_precision_supported(request.mixed_precision, device_type=context.device.type)
+    if request.mixed_precision == "no":
+        return Precision()
+    sharded = context.distributed_type == DistributedType.FSDP or (
+        context.parallelism_config is not None and context.parallelism_config.tp_enabled
+    )
+    policy = ShardedAutocastPrecision if sharded and context.use_distributed else AutocastPrecision
+    return policy.build(request, context.device)
+
+
+def select_strategy(
+    context: StrategyContext,
+    request: PrecisionRequest,
+    prepared: PreparedObjects,
+    gradient_state: GradientState,
+) -> Strategy:
+    """The strategy for the backend in `context`, holding the precision policy chosen for it."""
+    precision = select_precision(context, request)
+    distributed_type = context.distributed_type
     if distributed_type == DistributedType.FSDP:
-        from .fsdp import create_fsdp_strategy
+        if context.fsdp_plugin.fsdp_version == 1:
+            from .fsdp1 import FSDP1Strategy
 
-        return create_fsdp_strategy(accelerator)
+            return FSDP1Strategy(context, precision, prepared)
+        from .fsdp import FSDPStrategy
+
+        return FSDPStrategy(context, precision, prepared)
     if distributed_type == DistributedType.DEEPSPEED:
         from .deepspeed import DeepSpeedStrategy
 
-        return DeepSpeedStrategy(accelerator)
-    parallelism = getattr(accelerator.state, "parallelism_config", None)
+        return DeepSpeedStrategy(context, precision, prepared, gradient_state=gradient_state)
+    parallelism = context.parallelism_config
     if parallelism is not None and parallelism.tp_enabled:
         from .tp import TPStrategy
 
-        return TPStrategy(accelerator)
-    if accelerator.use_distributed:
+        return TPStrategy(context, precision, prepared)
+    if context.use_distributed:
         from .ddp import DDPStrategy
 
-        return DDPStrategy(accelerator)
-    return Strategy(accelerator)
+        return DDPStrategy(context, precision, prepared)
+    return Strategy(context, precision, prepared)

@@ -1,4 +1,9 @@
-"""The strategy interface, and its single-process implementation (no wrapping, no communication)."""
+"""The strategy interface, and its single-process implementation (no wrapping, no communication).
+
+A strategy owns one backend's behaviour: how a model is wrapped and unwrapped, how backward runs (through
+the precision it owns), how gradients are clipped, and how its state is saved. It is built once by
+`select_strategy` from a `StrategyContext`, its `Precision` and the `PreparedObjects` registry.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +13,70 @@ from typing import Any
 
 import torch
 
+from ..precision import Precision
+from ..prepared import PreparedObjects
+from .context import StrategyContext
+
 
 class Strategy:
     """Single process: the model is used as it is."""
 
     name = "single"
 
-    def __init__(self, accelerator: Any) -> None:
-        self.accelerator = accelerator
+    def __init__(
+        self, context: StrategyContext, precision: Precision, prepared: PreparedObjects
+    ) -> None:
+        self.context = context
+        self.precision = precision
+        self.prepared = prepared
 
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        """Return the model to train with; the single-process strategy returns it unchanged."""
         return model
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Remove this strategy's wrapper from `model` (none here: returns it as is)."""
         return model
 
     def is_wrapped(self, model: Any) -> bool:
+        """Whether `model` carries this strategy's wrapper (never, here)."""
         return False
 
+    def unwrap_fully(self, model: torch.nn.Module) -> tuple[torch.nn.Module, Any]:
+        """(the user's module, the outermost torch.compile wrapper or None): strips compile and wrappers."""
+        compiled = None
+        inner = model
+        while True:
+            if hasattr(inner, "_orig_mod"):
+                compiled = compiled or inner
+                inner = inner._orig_mod
+            elif self.is_wrapped(inner):
+                inner = self.unwrap(inner)
+            elif isinstance(inner, torch.nn.DataParallel):
+                inner = inner.module
+            else:
+                return inner, compiled
+
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager:
+        """Context in which backward skips the gradient sync (a no-op here)."""
         return contextlib.nullcontext()
 
     def trigger_sync_in_backward(self, model: Any) -> contextlib.AbstractContextManager:
+        """Context forcing the next backward to sync gradients (a no-op here)."""
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        loss.backward(**kwargs)
+        """Scale the loss as the precision says, then back-propagate."""
+        self.precision.scale_loss(loss).backward(**kwargs)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float
     ) -> torch.Tensor:
+        """Clip the gradients' total norm to `max_norm`; returns the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamp every gradient element to [-clip_value, clip_value]."""
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # -- hooks of the sharded and engine backends (FSDP, tensor parallel, DeepSpeed) -----------------
@@ -50,9 +86,11 @@ class Strategy:
     saves_sharded_state = False
 
     def prepare_group(
-        self, objects: list[Any], kinds: list[str], placements: list[Any]
+        self, objects: list[Any], kinds: list[str], placements: list[Any], prepare_one: Any
     ) -> list[Any] | None:
-        """Prepare all objects of one prepare() call together (an engine); None: one by one as usual."""
+        """Prepare all objects of one prepare() call together (an engine); None: one by one as usual.
+
+        `prepare_one(obj, kind, placement)` prepares one object the usual way (e.g. a dataloader)."""
         return None
 
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -60,12 +98,14 @@ class Strategy:
 
     def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's whole state dict (on sharded backends: complete on the main process, on CPU)."""
-        return (self.accelerator.unwrap_model(model) if unwrap else model).state_dict()
+        return (self.unwrap_fully(model)[0] if unwrap else model).state_dict()
 
     def save_sharded_state(
         self, directory: Any, models: list[Any], optimizers: list[Any]
     ) -> list[str]:
+        """Write sharded model/optimizer state; unsharded backends raise NotImplementedError."""
         raise NotImplementedError(f"The {self.name} strategy saves models with the regular files.")
 
     def load_sharded_state(self, directory: Any, models: list[Any], optimizers: list[Any]) -> None:
+        """Read sharded model/optimizer state; unsharded backends raise NotImplementedError."""
         raise NotImplementedError(f"The {self.name} strategy loads models from the regular files.")

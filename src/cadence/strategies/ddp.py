@@ -13,17 +13,19 @@ from .ddp_hooks import register_comm_hook
 
 
 class DDPStrategy(Strategy):
+    """DistributedDataParallel: every rank holds the whole model; backward averages gradients."""
+
     name = "ddp"
 
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        """Wrap a trainable model in DistributedDataParallel (handler options and hook)."""
         if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model
-        accelerator = self.accelerator
-        handler = accelerator.ddp_handler
+        handler = self.context.ddp_handler
         kwargs = handler.to_kwargs() if handler is not None else {}
         for name in ("comm_hook", "comm_wrapper", "comm_state_option"):
             kwargs.pop(name, None)
-        device = accelerator.device
+        device = self.context.device
         if device.type == "cuda":
             kwargs.setdefault("device_ids", [device.index])
             kwargs.setdefault("output_device", device.index)
@@ -32,18 +34,22 @@ class DDPStrategy(Strategy):
         return wrapped
 
     def is_wrapped(self, model: Any) -> bool:
+        """Whether `model` is a DistributedDataParallel wrapper."""
         return isinstance(model, DistributedDataParallel)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module inside a DistributedDataParallel wrapper (else `model` itself)."""
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager:
+        """DDP's `no_sync()` for a wrapped model: backward skips the all-reduce."""
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: Any):
+        """Context making the next backward all-reduce gradients even inside `no_sync`."""
         if not isinstance(model, DistributedDataParallel):
             yield
             return

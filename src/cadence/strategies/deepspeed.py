@@ -11,6 +11,7 @@ all-reduce is a C++ op built on first use (about a minute) and cached under this
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -20,9 +21,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..optimizer import AcceleratedOptimizer
+from ..plugins.deepspeed import deepspeed_missing_error
 from ..scheduler import AcceleratedScheduler
+from ..state import GradientState
+from ..topology import detect_topology
 from .base import Strategy
+from .deepspeed_engine import build_engine
+from .deepspeed_wrappers import (  # noqa: F401  (public names of this module in the reference)
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+)
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_TAG = "pytorch_model"
 
@@ -35,8 +46,6 @@ def import_deepspeed(device: torch.device) -> Any:
     try:
         import deepspeed
     except ImportError:
-        from ..plugins.deepspeed import deepspeed_missing_error
-
         raise deepspeed_missing_error() from None
     if device.type == "cpu" and os.environ.get("CADENCE_DEEPSPEED_SHM_COMM", "1").lower() in (
         "0",
@@ -49,59 +58,17 @@ def import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
-class DeepSpeedEngineWrapper:
-    """Runs the engine's backward, then its step at gradient accumulation boundaries."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
-        self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
-        self.engine.backward(loss, **kwargs)
-        if sync_gradients:
-            self.engine.step()
-
-    def get_global_grad_norm(self) -> float | None:
-        norm = self.engine.get_global_grad_norm()
-        return norm.item() if hasattr(norm, "item") else norm
-
-
-class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
-    """The engine steps and zeroes the optimizer inside `backward`; these calls are no-ops."""
-
-    def __init__(self, optimizer: Any) -> None:
-        super().__init__(optimizer, device_placement=False, scaler=None)
-        self._reports_overflow = hasattr(self.optimizer, "overflow")
-
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        pass
-
-    def step(self, closure: Any = None) -> None:
-        pass
-
-    @property
-    def step_was_skipped(self) -> bool:
-        return bool(self.optimizer.overflow) if self._reports_overflow else False
-
-
-class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
-    """A DeepSpeed scheduler is stepped by the engine; `step` here is a no-op."""
-
-    def __init__(self, scheduler: Any, optimizers: Any) -> None:
-        super().__init__(scheduler, optimizers)
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 class DeepSpeedStrategy(Strategy):
+    """DeepSpeed: the engine owns the model, optimizer, loss scaling, clipping and checkpoints."""
+
     name = "deepspeed"
     divides_loss_for_accumulation = False
     saves_sharded_state = True
 
-    def __init__(self, accelerator: Any) -> None:
-        super().__init__(accelerator)
-        self.deepspeed = import_deepspeed(accelerator.device)
+    def __init__(self, *args: Any, gradient_state: GradientState) -> None:
+        super().__init__(*args)
+        self.gradient_state = gradient_state
+        self.deepspeed = import_deepspeed(self.context.device)
         self._ensure_process_group()
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
 
@@ -110,7 +77,6 @@ class DeepSpeedStrategy(Strategy):
             self.deepspeed.init_distributed(dist_backend=dist.get_backend())
             return
         # One process without a process group: DeepSpeed needs one, of size 1.
-        from ..topology import detect_topology
 
         topology = detect_topology()
         os.environ.setdefault("MASTER_ADDR", topology.master_addr)
@@ -118,18 +84,19 @@ class DeepSpeedStrategy(Strategy):
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
-        backend = "nccl" if self.accelerator.device.type == "cuda" else "gloo"
+        backend = "nccl" if self.context.device.type == "cuda" else "gloo"
         self.deepspeed.init_distributed(dist_backend=backend)
 
     @property
     def plugin(self) -> Any:
-        return self.accelerator.state.deepspeed_plugin
+        """The active DeepSpeedPlugin."""
+        return self.context.deepspeed_plugin
 
     # -- prepare ----------------------------------------------------------------------------------
     def prepare_group(
-        self, objects: list[Any], kinds: list[str], placements: list[Any]
+        self, objects: list[Any], kinds: list[str], placements: list[Any], prepare_one: Any
     ) -> list[Any] | None:
-        from .deepspeed_prepare import build_engine
+        """Build one DeepSpeed engine from the model, optimizer and scheduler given to `prepare`."""
 
         if any(p is not None for p in placements):
             raise ValueError(
@@ -147,13 +114,36 @@ class DeepSpeedStrategy(Strategy):
                     "prepare() call: the engine is built from all of them."
                 )
             return None
-        return build_engine(self, objects, kinds)
+        result, engine = build_engine(
+            self.deepspeed,
+            self.plugin,
+            self.context,
+            self.gradient_state,
+            objects,
+            kinds,
+            prepare_one,
+        )
+        if self.engine_wrapper is not None:
+            logger.warning(
+                "This Accelerator already holds a DeepSpeed engine; backward() now drives the new one. "
+                "Use one Accelerator per model."
+            )
+        self.engine_wrapper = DeepSpeedEngineWrapper(engine)
+        for obj in result:
+            if obj is engine:
+                self.prepared.models.append(obj)
+            elif isinstance(obj, DeepSpeedOptimizerWrapper):
+                self.prepared.optimizers.append(obj)
+            elif isinstance(obj, AcceleratedScheduler):
+                self.prepared.schedulers.append(obj)
+        return result
 
     @property
     def _has_engine(self) -> bool:
         return self.engine_wrapper is not None
 
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        """Always raises: with DeepSpeed, a model is prepared together with its optimizer."""
         raise ValueError(
             "With DeepSpeed, prepare the model with accelerator.prepare(model, optimizer, ...): the engine "
             "is built from the model and its optimizer together."
@@ -161,25 +151,29 @@ class DeepSpeedStrategy(Strategy):
 
     # -- the training step ------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Run the engine's backward, and its step when gradients sync this step."""
         if self.engine_wrapper is None:
             raise RuntimeError(
                 "accelerator.backward() with DeepSpeed needs a model prepared first."
             )
-        sync = self.accelerator.gradient_state.sync_gradients
+        sync = self.gradient_state.sync_gradients
         self.engine_wrapper.backward(loss, sync_gradients=sync, **kwargs)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module inside a DeepSpeed engine (else `model` itself)."""
         return model.module if self.is_wrapped(model) else model
 
     def is_wrapped(self, model: Any) -> bool:
+        """Whether `model` is a DeepSpeed engine."""
         return isinstance(model, self.deepspeed.DeepSpeedEngine)
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager:
         # ZeRO 2/3 partition gradients while accumulating; only stages 0/1 can skip the all-reduce.
+        """Skip the gradient all-reduce while accumulating (ZeRO stages 0 and 1 only)."""
         if (
             self.plugin.zero_stage < 2
             and hasattr(model, "no_sync")
-            and self.accelerator.use_distributed
+            and self.context.use_distributed
         ):
             return model.no_sync()
         return contextlib.nullcontext()
@@ -191,17 +185,19 @@ class DeepSpeedStrategy(Strategy):
         return self.engine_wrapper.get_global_grad_norm()
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Always raises: DeepSpeed clips gradients by norm only."""
         raise NotImplementedError(
             "DeepSpeed clips gradients by norm only: set gradient_clipping in the DeepSpeedPlugin or config."
         )
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's whole state dict; under ZeRO-3 the gathered 16-bit weights."""
         config = self.plugin.deepspeed_config
         if config["zero_optimization"]["stage"] == 3:
             if not model.zero_gather_16bit_weights_on_model_save():
                 raise ValueError(
-                    f"[rank {self.accelerator.process_index}] ZeRO-3 keeps each weight partitioned: the "
+                    f"[rank {self.context.process_index}] ZeRO-3 keeps each weight partitioned: the "
                     "whole state dict is only gathered when stage3_gather_16bit_weights_on_model_save is "
                     "true. Set zero3_save_16bit_model=True in the DeepSpeedPlugin (or that key in the "
                     "DeepSpeed config), or save a sharded checkpoint with save_state()."
@@ -222,14 +218,15 @@ class DeepSpeedStrategy(Strategy):
             engine.save_checkpoint(str(base), tag)
             tags.append(tag)
         dist.barrier()
-        return _files_of_rank(base, tags, self.accelerator.process_index)
+        return _files_of_rank(base, tags, self.context.process_index)
 
     def load_sharded_state(self, directory: Any, models: list[Any], optimizers: list[Any]) -> None:
+        """`engine.load_checkpoint` from `directory` for each model; raises if a tag is missing."""
         for index, engine in enumerate(models):
             tag = CHECKPOINT_TAG if index == 0 else f"{CHECKPOINT_TAG}_{index}"
             if not (Path(directory) / tag).is_dir():
                 raise FileNotFoundError(
-                    f"[rank {self.accelerator.process_index}] No DeepSpeed checkpoint {tag!r} in {directory}."
+                    f"[rank {self.context.process_index}] No DeepSpeed checkpoint {tag!r} in {directory}."
                 )
             path, _ = engine.load_checkpoint(str(directory), tag)
             if path is None:

@@ -11,43 +11,37 @@ from typing import Any
 
 import torch
 
-from .base import Strategy
 from .fsdp_policy import (
     apply_activation_checkpointing,
     ignored_modules,
     matching_submodules,
     wrap_predicate,
 )
+from .mesh import fsdp_mesh, maybe_apply_tensor_parallel
 from .param_remap import named_parameters
 from .sharded import ShardedStrategy
 
 
-def create_fsdp_strategy(accelerator: Any) -> Strategy:
-    """The strategy for the FSDP version the plugin asks for."""
-    if accelerator.state.fsdp_plugin.fsdp_version == 1:
-        from .fsdp1 import FSDP1Strategy
-
-        return FSDP1Strategy(accelerator)
-    return FSDPStrategy(accelerator)
-
-
 def is_fsdp2_module(model: Any) -> bool:
+    """Whether `model` was sharded with FSDP2's `fully_shard`."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
 
 
 class FSDPStrategy(ShardedStrategy):
+    """FSDP version 2: `fully_shard` turns parameters into DTensors sharded over the mesh."""
+
     name = "fsdp2"
 
-    def __init__(self, accelerator: Any) -> None:
-        super().__init__(accelerator)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self._non_persistent: dict[str, torch.Tensor] = {}
 
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        """Shard the model with `fully_shard` (after checkpointing / tensor parallel if asked)."""
         if is_fsdp2_module(model):
             return model
-        from .mesh import fsdp_mesh, maybe_apply_tensor_parallel
 
         plugin = self.plugin
         # Everything that can fail on bad input runs before the first collective.
@@ -58,8 +52,8 @@ class FSDPStrategy(ShardedStrategy):
                 model, predicate, offload=plugin.activation_checkpointing_offload
             )
         self._upcast_trainable_parameters(model)
-        model = maybe_apply_tensor_parallel(self.accelerator, model)
-        kwargs = self._fully_shard_kwargs(model, fsdp_mesh(self.accelerator))
+        model = maybe_apply_tensor_parallel(self.context, model)
+        kwargs = self._fully_shard_kwargs(model, fsdp_mesh(self.context))
         full_state = self._detach_for_efficient_loading(model)
         self._shard(model, predicate, kwargs)
         if full_state is not None:
@@ -70,7 +64,7 @@ class FSDPStrategy(ShardedStrategy):
     # -- steps of wrap_model -----------------------------------------------------------------------
     def _upcast_trainable_parameters(self, model: torch.nn.Module) -> None:
         # fully_shard needs one dtype per unit; mixed precision keeps fp32 masters and casts for compute.
-        if self.accelerator.mixed_precision == "no":
+        if not self.precision.casts_parameters:
             return
         for param in model.parameters():
             if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
@@ -102,7 +96,7 @@ class FSDPStrategy(ShardedStrategy):
         """With cpu_ram_efficient_loading, shard on the meta device and fill from the main process later."""
         if not self.plugin.cpu_ram_efficient_loading:
             return None
-        state = model.state_dict() if self.accelerator.is_main_process else {}
+        state = model.state_dict() if self.context.is_main_process else {}
         self._non_persistent = {
             name: buffer.clone()
             for name, buffer in model.named_buffers()
@@ -114,7 +108,7 @@ class FSDPStrategy(ShardedStrategy):
     def _load_from_main_process(self, model: torch.nn.Module, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        device = self.accelerator.device
+        device = self.context.device
         model.to_empty(device=device)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(model, state, options=options)

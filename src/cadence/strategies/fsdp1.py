@@ -21,17 +21,6 @@ from .param_remap import canonical_name, named_parameters
 from .sharded import ShardedStrategy
 
 
-def check_fsdp1_supported(plugin: Any, device: torch.device, rank: int = 0) -> None:
-    """Refuse FSDP1 settings that cannot run on `device`, before any process group work."""
-    if device.type == "cpu" and plugin.offloads_parameters:
-        raise ValueError(
-            f"[rank {rank}] FSDP1 CPU offload (cpu_offload=True / --fsdp_offload_params true) does not work "
-            "when training on the CPU: the parameters already live there, and FSDP1's offload path "
-            "needs a GPU. Turn offload off, or use FSDP2 (fsdp_version=2), whose CPUOffloadPolicy "
-            "works on the CPU."
-        )
-
-
 def _is_fsdp1(model: Any) -> bool:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -48,17 +37,20 @@ def _broadcast_module_states(model: torch.nn.Module, device: torch.device) -> No
 
 
 class FSDP1Strategy(ShardedStrategy):
+    """FSDP version 1: the model is wrapped in `FullyShardedDataParallel` (flat parameters)."""
+
     name = "fsdp1"
 
-    def __init__(self, accelerator: Any) -> None:
-        super().__init__(accelerator)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self._flat_of: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
 
     @property
     def _on_cpu(self) -> bool:
-        return self.accelerator.device.type == "cpu"
+        return self.context.device.type == "cpu"
 
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        """Wrap the model in FullyShardedDataParallel per the plugin (no-op if wrapped)."""
         if _is_fsdp1(model):
             return model
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -68,7 +60,7 @@ class FSDP1Strategy(ShardedStrategy):
         before = named_parameters(model)
         sync_module_states = bool(plugin.sync_module_states)
         if sync_module_states and self._on_cpu:
-            _broadcast_module_states(model, self.accelerator.device)
+            _broadcast_module_states(model, self.context.device)
             sync_module_states = False
         kwargs: dict[str, Any] = {
             "sharding_strategy": plugin.sharding_strategy or plugin.reshard_after_forward,
@@ -80,7 +72,7 @@ class FSDP1Strategy(ShardedStrategy):
             "forward_prefetch": bool(plugin.forward_prefetch),
             "use_orig_params": bool(plugin.use_orig_params),
             "limit_all_gathers": plugin.limit_all_gathers,
-            "device_id": _fsdp_device(self.accelerator.device),
+            "device_id": _fsdp_device(self.context.device),
         }
         if plugin.param_init_fn is not None:
             kwargs["param_init_fn"] = plugin.param_init_fn
@@ -158,14 +150,17 @@ class FSDP1Strategy(ShardedStrategy):
             )
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module inside any FSDP1 wrappers."""
         while _is_fsdp1(model):
             model = model.module
         return model
 
     def is_wrapped(self, model: Any) -> bool:
+        """Whether `model` is a FullyShardedDataParallel wrapper."""
         return _is_fsdp1(model)
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager:
+        """FSDP1's `no_sync()` for a wrapped model: gradients are not reduced in backward."""
         if _is_fsdp1(model):
             return model.no_sync()
         return contextlib.nullcontext()
@@ -173,8 +168,9 @@ class FSDP1Strategy(ShardedStrategy):
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float
     ) -> torch.Tensor:
+        """Clip a whole prepared model's gradients via FSDP1; raises for a subset of parameters."""
         wanted = {id(p) for p in parameters}
-        for model in self.accelerator._models:
+        for model in self.prepared.models:
             if _is_fsdp1(model) and wanted == {id(p) for p in model.parameters()}:
                 return model.clip_grad_norm_(max_norm, norm_type)
         raise ValueError(
@@ -189,6 +185,7 @@ class FSDP1Strategy(ShardedStrategy):
         return not self._on_cpu
 
     def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The full state dict on rank 0 (on CPU unless training on CPU); {} elsewhere."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         offload = self._full_state_offload

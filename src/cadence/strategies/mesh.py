@@ -13,44 +13,31 @@ from typing import Any
 
 import torch
 
+from ..input_errors import rank_prefix
+from .context import StrategyContext
 
-def parallelism_config(accelerator: Any) -> Any:
-    return getattr(accelerator.state, "parallelism_config", None)
 
-
-def device_mesh(accelerator: Any) -> Any:
-    """The whole device mesh, or None when no ParallelismConfig asks for more than one process."""
-    config = parallelism_config(accelerator)
+def device_mesh(config: Any, device: torch.device) -> Any:
+    """The whole device mesh of a ParallelismConfig, or None when it spans only one process."""
     if config is None or config.total_size <= 1:
         return None
-    return config.get_device_mesh(accelerator.device.type)
+    return config.get_device_mesh(device.type)
 
 
-def fsdp_mesh(accelerator: Any) -> Any:
-    mesh = device_mesh(accelerator)
+def fsdp_mesh(context: StrategyContext) -> Any:
+    """The sub-mesh FSDP shards over (None without a ParallelismConfig)."""
+    mesh = device_mesh(context.parallelism_config, context.device)
     if mesh is None:
         return None
-    return mesh[tuple(parallelism_config(accelerator).fsdp_dim_names)]
+    return mesh[tuple(context.parallelism_config.fsdp_dim_names)]
 
 
-def tp_mesh(accelerator: Any) -> Any:
-    config = parallelism_config(accelerator)
+def tp_mesh(context: StrategyContext) -> Any:
+    """The tensor-parallel sub-mesh (None without tensor parallelism)."""
+    config = context.parallelism_config
     if config is None or not config.tp_enabled:
         return None
-    return device_mesh(accelerator)["tp"]
-
-
-def data_parallel_coordinates(accelerator: Any) -> tuple[int, int]:
-    """(index, count) of this process among the data-parallel replicas: ranks that share a TP / CP
-    group read the same batches."""
-    config = parallelism_config(accelerator)
-    if config is None or config.non_data_parallel_size <= 1:
-        return accelerator.process_index, accelerator.num_processes
-    mesh = device_mesh(accelerator)
-    if not config.dp_dim_names:
-        return 0, 1
-    dp = mesh["dp"]
-    return dp.get_local_rank(), dp.size()
+    return device_mesh(config, context.device)["tp"]
 
 
 def _style(value: Any) -> Any:
@@ -78,8 +65,8 @@ def _style(value: Any) -> Any:
     return styles[value]()
 
 
-def _plan_for(accelerator: Any, model: torch.nn.Module) -> Any:
-    handler = getattr(parallelism_config(accelerator), "tp_handler", None)
+def _plan_for(context: StrategyContext, model: torch.nn.Module) -> Any:
+    handler = getattr(context.parallelism_config, "tp_handler", None)
     plan = getattr(handler, "tp_plan", None)
     if plan is None:
         plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None)
@@ -87,6 +74,7 @@ def _plan_for(accelerator: Any, model: torch.nn.Module) -> Any:
 
 
 def has_dtensor_parameters(model: torch.nn.Module) -> bool:
+    """Whether any of the model's parameters is a DTensor."""
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(p, DTensor) for p in model.parameters())
@@ -101,8 +89,6 @@ def check_plan(model: torch.nn.Module, plan: Any) -> None:
     names = [name for name, _ in model.named_modules() if name]
     for pattern in plan:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            from ..plugins._env import rank_prefix
-
             raise ValueError(
                 f"{rank_prefix()}The tensor parallel plan names {pattern!r}, which matches no module of "
                 f"{type(model).__name__}. Module names are like: {', '.join(names[:8])}."
@@ -110,15 +96,17 @@ def check_plan(model: torch.nn.Module, plan: Any) -> None:
         _style(plan[pattern])
 
 
-def maybe_apply_tensor_parallel(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
+def maybe_apply_tensor_parallel(
+    context: StrategyContext, model: torch.nn.Module
+) -> torch.nn.Module:
     """Split the model's layers over the `tp` mesh dimension when tp_size > 1; a no-op otherwise."""
-    mesh = tp_mesh(accelerator)
+    mesh = tp_mesh(context)
     if mesh is None or has_dtensor_parameters(model):
         return model
-    plan = _plan_for(accelerator, model)
+    plan = _plan_for(context, model)
     if plan is None:
         raise ValueError(
-            f"tp_size={parallelism_config(accelerator).tp_size} needs a tensor parallel plan: give the "
+            f"tp_size={context.parallelism_config.tp_size} needs a tensor parallel plan: give the "
             "model a `tp_plan` dict (module name -> 'colwise' / 'rowwise' / ParallelStyle), pass "
             "ParallelismConfig(tp_handler=TorchTensorParallelConfig(tp_plan=...)), or load the model "
             "already parallelized (DTensor parameters)."

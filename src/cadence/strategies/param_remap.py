@@ -22,6 +22,7 @@ def canonical_name(name: str) -> str:
 
 
 def named_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The model's parameters by name, with wrapper segments stripped from the names."""
     return {
         canonical_name(name): param
         for name, param in model.named_parameters(remove_duplicate=False)
@@ -37,6 +38,7 @@ class ParameterRemap:
     def record(
         self, before: dict[str, torch.nn.Parameter], after: dict[str, torch.nn.Parameter]
     ) -> None:
+        """Remember which parameters were replaced, matching `before` and `after` by name."""
         missing = [name for name in before if name not in after]
         if missing:
             raise RuntimeError(
@@ -49,6 +51,7 @@ class ParameterRemap:
                 self._entries[id(old)] = (weakref.ref(old), new)
 
     def lookup(self, param: torch.Tensor) -> torch.Tensor:
+        """The parameter that replaced `param`, or `param` itself if none did."""
         entry = self._entries.get(id(param))
         if entry is not None and entry[0]() is param:
             return entry[1]

@@ -11,6 +11,7 @@ import torch
 from .base import Strategy
 from .grad_norm import clip_grad_norm_global
 from .param_remap import ParameterRemap
+from .sharded_state import full_model_state_dict, load_sharded, save_sharded
 
 
 class ShardedStrategy(Strategy):
@@ -18,25 +19,28 @@ class ShardedStrategy(Strategy):
 
     saves_sharded_state = True
 
-    def __init__(self, accelerator: Any) -> None:
-        super().__init__(accelerator)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
         self.remap = ParameterRemap()
-        _use_sharded_grad_scaler(accelerator)
 
     @property
     def plugin(self) -> Any:
-        return self.accelerator.state.fsdp_plugin
+        """The FullyShardedDataParallelPlugin (None without FSDP)."""
+        return self.context.fsdp_plugin
 
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point the optimizer at the sharded parameters that replaced the originals."""
         self.remap.apply(optimizer)
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float
     ) -> torch.Tensor:
+        """Clip by the norm over all ranks' shards; returns that global norm."""
         return clip_grad_norm_global(list(parameters), max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         # Each shard clips its own values: elementwise clipping needs no communication.
+        """Clamp each local gradient shard to [-clip_value, clip_value] (no communication)."""
         for p in parameters:
             if p.grad is not None:
                 grad = p.grad
@@ -51,7 +55,7 @@ class ShardedStrategy(Strategy):
         return getattr(model, "_orig_mod", model)
 
     def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        from .sharded_state import full_model_state_dict
+        """The whole state dict, gathered on the main process (on CPU); an empty dict elsewhere."""
 
         return full_model_state_dict(self._state_model(model))
 
@@ -79,7 +83,6 @@ class ShardedStrategy(Strategy):
 
         Collective: every rank calls it with the same models and optimizers.
         """
-        from .sharded_state import save_sharded
 
         models = [self._state_model(m) for m in models]
         return save_sharded(
@@ -95,7 +98,6 @@ class ShardedStrategy(Strategy):
         self, directory: Any, models: Sequence[Any], optimizers: Sequence[Any]
     ) -> None:
         """Load what `save_sharded_state` wrote (possibly by another number of processes). Collective."""
-        from .sharded_state import load_sharded
 
         models = [self._state_model(m) for m in models]
         load_sharded(
@@ -105,24 +107,3 @@ class ShardedStrategy(Strategy):
             full=self._full_checkpoints,
             optimizer_models=self._owners(models, optimizers),
         )
-
-
-def _use_sharded_grad_scaler(accelerator: Any) -> None:
-    """fp16: every rank must agree on skipping a step, but each sees only its gradient shards. The
-    sharded scaler all-reduces the overflow flag (a plain GradScaler would let ranks disagree)."""
-    scaler = getattr(accelerator, "scaler", None)
-    if scaler is None or not accelerator.use_distributed:
-        return
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    if isinstance(scaler, ShardedGradScaler):
-        return
-    sharded = ShardedGradScaler(
-        accelerator.device.type,
-        init_scale=scaler._init_scale,
-        growth_factor=scaler._growth_factor,
-        backoff_factor=scaler._backoff_factor,
-        growth_interval=scaler._growth_interval,
-        enabled=scaler._enabled,
-    )
-    accelerator.scaler = accelerator.precision.scaler = sharded

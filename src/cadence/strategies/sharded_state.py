@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..optimizer import AcceleratedOptimizer
+
 MODEL_DIR = "pytorch_model_fsdp_{index}"
 OPTIMIZER_DIR = "optimizer_{index}"
 FULL_MODEL_FILE = "pytorch_model_fsdp.bin"
@@ -36,7 +38,6 @@ def _rank() -> int:
 
 
 def _inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    from ..optimizer import AcceleratedOptimizer
 
     while isinstance(optimizer, AcceleratedOptimizer):
         optimizer = optimizer.optimizer

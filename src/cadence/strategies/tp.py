@@ -12,10 +12,13 @@ from .sharded import ShardedStrategy
 
 
 class TPStrategy(ShardedStrategy):
+    """Tensor parallelism alone: layers are split across ranks by the model's plan."""
+
     name = "tp"
 
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
+        """Apply the tensor parallel plan and record which parameters were replaced."""
         before = named_parameters(model)
-        model = maybe_apply_tensor_parallel(self.accelerator, model)
+        model = maybe_apply_tensor_parallel(self.context, model)
         self.remap.record(before, named_parameters(model))
         return model

@@ -26,6 +26,7 @@ class AimTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
+        """Open the `aim.Run` in the logging directory and name it (main process only)."""
         from aim import Run
 
         repo = os.fspath(self.aim_repo_path) if self.aim_repo_path is not None else None
@@ -34,6 +35,7 @@ class AimTracker(GeneralTracker):
 
     @property
     def tracker(self) -> Any:
+        """The underlying `aim.Run`."""
         return self.writer
 
     @on_main_process
@@ -71,4 +73,5 @@ class AimTracker(GeneralTracker):
 
     @on_main_process
     def finish(self) -> None:
+        """Close the Aim run."""
         self.writer.close()

@@ -10,12 +10,13 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..state import PartialState
+
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def is_main_process() -> bool:
     """Whether this process is the main one (the process state is created on first use)."""
-    from ..state import PartialState
 
     return PartialState().is_main_process
 
@@ -101,6 +102,7 @@ class NoOpTracker(GeneralTracker):
 
     @property
     def tracker(self) -> NoOpTracker:
+        """This object itself, so calls on the unwrapped tracker do nothing too."""
         return self
 
     def __getattr__(self, attribute: str) -> Any:

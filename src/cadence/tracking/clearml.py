@@ -30,6 +30,7 @@ class ClearMLTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
+        """Reuse the current ClearML task, or create one with `Task.init` (main process only)."""
         from clearml import Task
 
         current = Task.current_task()
@@ -48,10 +49,12 @@ class ClearMLTracker(GeneralTracker):
 
     @property
     def tracker(self) -> Any:
+        """The underlying ClearML task."""
         return self.task
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> Any:
+        """Connect `values` as the task's configuration; returns ClearML's result."""
         return self.task.connect_configuration(storable_config(values, "ClearML"))
 
     @on_main_process

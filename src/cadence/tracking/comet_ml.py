@@ -22,6 +22,7 @@ class CometMLTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
+        """Start the Comet experiment (main process only)."""
         import comet_ml
         from packaging.version import Version
 
@@ -32,10 +33,12 @@ class CometMLTracker(GeneralTracker):
 
     @property
     def tracker(self) -> Any:
+        """The underlying Comet experiment object."""
         return self.writer
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
+        """Log `values` as the experiment's parameters."""
         self.writer.log_parameters(storable_config(values, "Comet"))
 
     @on_main_process
@@ -55,4 +58,5 @@ class CometMLTracker(GeneralTracker):
 
     @on_main_process
     def finish(self) -> None:
+        """End the Comet experiment."""
         self.writer.end()

@@ -24,6 +24,7 @@ class DVCLiveTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
+        """Create the `dvclive.Live` logger unless one was passed in (main process only)."""
         if self.live is None:
             from dvclive import Live
 
@@ -31,10 +32,12 @@ class DVCLiveTracker(GeneralTracker):
 
     @property
     def tracker(self) -> Any:
+        """The underlying `dvclive.Live` logger."""
         return self.live
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
+        """Log `values` as DVCLive params."""
         self.live.log_params(storable_config(values, "DVCLive"))
 
     @on_main_process
@@ -53,4 +56,5 @@ class DVCLiveTracker(GeneralTracker):
 
     @on_main_process
     def finish(self) -> None:
+        """End the DVCLive session."""
         self.live.end()

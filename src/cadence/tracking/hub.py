@@ -40,6 +40,7 @@ class TrackerHub:
 
     @property
     def logging_dir(self) -> LoggingDir:
+        """The logging directory trackers write under (read from the project config if callable)."""
         return self._logging_dir() if callable(self._logging_dir) else self._logging_dir
 
     def init_trackers(

@@ -65,6 +65,7 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
+        """Find or create the experiment, then start (or resume) the run (main process only)."""
         import mlflow
 
         found = mlflow.search_experiments(filter_string=f"name = '{self.experiment_name}'")
@@ -93,6 +94,7 @@ class MLflowTracker(GeneralTracker):
 
     @property
     def tracker(self) -> Any:
+        """The active `mlflow.ActiveRun`."""
         return self.active_run
 
     @on_main_process
@@ -153,6 +155,7 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def finish(self) -> None:
+        """End the MLflow run."""
         import mlflow
 
         mlflow.end_run()

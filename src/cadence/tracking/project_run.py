@@ -22,14 +22,17 @@ class ProjectRunTracker(GeneralTracker):
 
     @property
     def package(self) -> Any:
+        """The tracking library's module (imported by the tracker's `name`)."""
         return importlib.import_module(self.name)
 
     @on_main_process
     def start(self) -> None:
+        """Start a run in project `run_name` with `package.init` (main process only)."""
         self.run = self.package.init(project=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
+        """The run object returned by `package.init`."""
         return self.run
 
     @on_main_process
@@ -46,4 +49,5 @@ class ProjectRunTracker(GeneralTracker):
 
     @on_main_process
     def finish(self) -> None:
+        """Finish the run."""
         self.run.finish()

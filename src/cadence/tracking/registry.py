@@ -83,38 +83,47 @@ def is_tracker_available(name: str) -> bool:
 
 
 def is_tensorboard_available() -> bool:
+    """Whether a TensorBoard writer package (tensorboard or tensorboardX) is installed."""
     return is_tracker_available("tensorboard")
 
 
 def is_wandb_available() -> bool:
+    """Whether the `wandb` package is installed."""
     return is_tracker_available("wandb")
 
 
 def is_comet_ml_available() -> bool:
+    """Whether the `comet_ml` package is installed."""
     return is_tracker_available("comet_ml")
 
 
 def is_aim_available() -> bool:
+    """Whether the `aim` package is installed (Aim 3)."""
     return is_tracker_available("aim")
 
 
 def is_mlflow_available() -> bool:
+    """Whether the `mlflow` package is installed."""
     return is_tracker_available("mlflow")
 
 
 def is_clearml_available() -> bool:
+    """Whether the `clearml` package is installed."""
     return is_tracker_available("clearml")
 
 
 def is_dvclive_available() -> bool:
+    """Whether the `dvclive` package is installed."""
     return is_tracker_available("dvclive")
 
 
 def is_swanlab_available() -> bool:
+    """Whether the `swanlab` package is installed."""
     return is_tracker_available("swanlab")
 
 
 def is_trackio_available() -> bool:
+    """Whether the `trackio` package is installed."""
     return is_tracker_available("trackio")
 
 

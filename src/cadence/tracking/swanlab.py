@@ -14,6 +14,7 @@ class SwanLabTracker(ProjectRunTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
+        """Add `values` to the SwanLab run's config."""
         import swanlab
 
         swanlab.config.update(storable_config(values, "SwanLab"))

@@ -41,12 +41,14 @@ class TensorBoardTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
+        """Open a SummaryWriter in `logging_dir/run_name` (main process only)."""
         self.logging_dir = os.path.join(self.logging_dir_param, self.run_name)
         self.writer = _summary_writer_class()(self.logging_dir, **self.init_kwargs)
         logger.debug("TensorBoard run %s logs to %s", self.run_name, self.logging_dir)
 
     @property
     def tracker(self) -> Any:
+        """The underlying SummaryWriter."""
         return self.writer
 
     @on_main_process
@@ -85,4 +87,5 @@ class TensorBoardTracker(GeneralTracker):
 
     @on_main_process
     def finish(self) -> None:
+        """Close the SummaryWriter."""
         self.writer.close()

@@ -16,6 +16,7 @@ class WandBTracker(ProjectRunTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
+        """Add `values` to the W&B run's config."""
         self.run.config.update(storable_config(values, "W&B"), allow_val_change=True)
 
     @on_main_process

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cadence.lazy_exports import lazy_exports
 
 _EXPORTS = {
     # collectives and device moves
-    "gather": "cadence.ops",
-    "gather_object": "cadence.ops",
-    "reduce": "cadence.ops",
-    "broadcast": "cadence.ops",
-    "broadcast_object_list": "cadence.ops",
-    "pad_across_processes": "cadence.ops",
-    "send_to_device": "cadence.ops",
-    "concatenate": "cadence.ops",
-    "recursively_apply": "cadence.ops",
-    "honor_type": "cadence.ops",
-    "DistributedOperationException": "cadence.ops",
+    "gather": "cadence.collectives",
+    "gather_object": "cadence.collectives",
+    "reduce": "cadence.collectives",
+    "broadcast": "cadence.collectives",
+    "broadcast_object_list": "cadence.collectives",
+    "pad_across_processes": "cadence.collectives",
+    "send_to_device": "cadence.collectives",
+    "concatenate": "cadence.collectives",
+    "recursively_apply": "cadence.collectives",
+    "honor_type": "cadence.collectives",
+    "DistributedOperationException": "cadence.collectives",
     # randomness
     "set_seed": "cadence.utils.random",
     "synchronize_rng_state": "cadence.utils.random",
@@ -30,17 +29,17 @@ _EXPORTS = {
     "DynamoBackend": "cadence.enums",
     "DDPCommunicationHookType": "cadence.enums",
     "ComputeEnvironment": "cadence.enums",
-    "DataLoaderConfiguration": "cadence.configs",
-    "ProjectConfiguration": "cadence.configs",
-    "GradientAccumulationPlugin": "cadence.configs",
-    "TorchDynamoPlugin": "cadence.configs",
-    "KwargsHandler": "cadence.kwargs",
-    "AutocastKwargs": "cadence.kwargs",
-    "DistributedDataParallelKwargs": "cadence.kwargs",
-    "GradScalerKwargs": "cadence.kwargs",
-    "InitProcessGroupKwargs": "cadence.kwargs",
-    "ProfileKwargs": "cadence.kwargs",
-    "FP8RecipeKwargs": "cadence.kwargs",
+    "DataLoaderConfiguration": "cadence.dataclasses",
+    "ProjectConfiguration": "cadence.dataclasses",
+    "GradientAccumulationPlugin": "cadence.dataclasses",
+    "TorchDynamoPlugin": "cadence.dataclasses",
+    "KwargsHandler": "cadence.dataclasses",
+    "AutocastKwargs": "cadence.dataclasses",
+    "DistributedDataParallelKwargs": "cadence.dataclasses",
+    "GradScalerKwargs": "cadence.dataclasses",
+    "InitProcessGroupKwargs": "cadence.dataclasses",
+    "ProfileKwargs": "cadence.dataclasses",
+    "FP8RecipeKwargs": "cadence.dataclasses",
     # sharded and model-parallel training
     "FullyShardedDataParallelPlugin": "cadence.plugins",
     "DeepSpeedPlugin": "cadence.plugins",
@@ -52,7 +51,7 @@ _EXPORTS = {
     "TorchContextParallelConfig": "cadence.plugins",
     "ParallelismConfig": "cadence.plugins",
     "MegatronLMPlugin": "cadence.plugins",
-    "merge_fsdp_weights": "cadence.commands.merge_weights",
+    "merge_fsdp_weights": "cadence.checkpointing.merge",
     # progress, memory
     "tqdm": "cadence.utils.tqdm",
     "find_executable_batch_size": "cadence.utils.memory",
@@ -81,14 +80,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'cadence.utils' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

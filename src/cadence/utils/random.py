@@ -7,14 +7,23 @@ import random
 import numpy as np
 import torch
 
+from ..collectives import broadcast
 from ..enums import RNGType
+from ..state import PartialState
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
-    """Seed python, numpy and torch (and CUDA); `device_specific` adds the process index to the seed."""
-    if device_specific:
-        from ..state import PartialState
+    """Seed python, numpy and torch (and CUDA); `device_specific` adds the process index.
 
+    `deterministic=True` also asks torch for deterministic algorithms.
+
+    Example::
+
+        from cadence.utils.random import set_seed
+
+        set_seed(42)  # the same initial weights on every process
+    """
+    if device_specific:
         seed += PartialState().process_index
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -29,7 +38,6 @@ def synchronize_rng_state(
     rng_type: RNGType | str | None = None, generator: torch.Generator | None = None
 ) -> None:
     """Give every rank the main process's state of one random number generator."""
-    from ..state import PartialState
 
     state = PartialState()
     if not state.use_distributed:
@@ -47,7 +55,6 @@ def synchronize_rng_state(
         rng_state = generator.get_state()
     else:
         raise ValueError(f"RNG type {rng_type.value!r} is not available on this machine.")
-    from ..ops import broadcast
 
     rng_state = rng_state.to(state.device)
     broadcast(rng_state, from_process=0)
@@ -63,5 +70,6 @@ def synchronize_rng_state(
 def synchronize_rng_states(
     rng_types: list[RNGType | str], generator: torch.Generator | None = None
 ) -> None:
+    """Give every rank the main process's state of each generator named in `rng_types`."""
     for rng_type in rng_types:
         synchronize_rng_state(RNGType(rng_type), generator=generator)

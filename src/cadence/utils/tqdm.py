@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..state import PartialState
+
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     """`tqdm.auto.tqdm(*args, **kwargs)`, disabled on every process but the local main one.
@@ -22,7 +24,5 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
         raise ImportError("cadence.utils.tqdm needs the tqdm package: pip install tqdm.") from error
     disable = kwargs.pop("disable", False)
     if main_process_only and not disable:
-        from ..state import PartialState
-
         disable = PartialState().local_process_index != 0
     return progress_bar(*args, disable=disable, **kwargs)

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..precision_choice import MIXED_PRECISION_CHOICES
+from .hardware import visible_gpu_count
+
 LOCAL_MACHINE = "LOCAL_MACHINE"
 AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
 COMPUTE_ENVIRONMENTS = (LOCAL_MACHINE, AMAZON_SAGEMAKER)
@@ -43,7 +46,6 @@ CLUSTER_DISTRIBUTED_TYPES = (
     "MEGATRON_LM",
 )
 SAGEMAKER_DISTRIBUTED_TYPES = ("NO", "DATA_PARALLEL", "MODEL_PARALLEL")
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 
 # Keys older versions wrote that no longer exist, with what replaced them (for messages).
 OBSOLETE_KEYS = {
@@ -416,8 +418,6 @@ def basic_config(mixed_precision: str = "no", gpu_count: int | None = None) -> C
             f"mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}, got {mixed_precision!r}."
         )
     if gpu_count is None:
-        from .commands.hardware import visible_gpu_count
-
         gpu_count = visible_gpu_count()
     if gpu_count > 0:
         distributed_type = "MULTI_GPU" if gpu_count > 1 else "NO"

@@ -6,38 +6,53 @@ import functools
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from .state import PartialState
+from .diagnostics.ledger import ledger
+from .diagnostics.precheck import check_collective
+from .input_errors import with_rank
+
+
+class ProcessInfo(Protocol):
+    """What these functions read of the process state (ProcessInfo provides it)."""
+
+    backend: str | None
+    device: torch.device
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    debug: bool
+    use_distributed: bool
+    is_main_process: bool
+    is_local_main_process: bool
+
 
 # Per-machine process groups for local_main_process_first, created on first use (a collective call).
 _node_groups: dict[str, Any] = {}
 
 
 def forget_groups() -> None:
+    """Forget the cached per-machine process groups (with `reset_state`)."""
     _node_groups.clear()
 
 
-def _barrier_kwargs(state: PartialState) -> dict[str, Any]:
+def _barrier_kwargs(state: ProcessInfo) -> dict[str, Any]:
     if state.backend == "nccl":
         return {"device_ids": [state.device.index]}
     return {}
 
 
 def barrier(
-    state: PartialState, timeout: float | timedelta | None = None, group: Any = None
+    state: ProcessInfo, timeout: float | timedelta | None = None, group: Any = None
 ) -> None:
+    """Block until every process (of `group`) gets here; with `timeout`, fail after that long."""
     if timeout is not None:  # checked on one process too, so the mistake shows before scaling up
         timeout = _checked_timeout(timeout)
     if not state.use_distributed:
         return
-    from .diagnostics.ledger import ledger
-    from .diagnostics.precheck import check_collective
-
     if timeout is not None and not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     seconds = None if timeout is None else timeout.total_seconds()
@@ -50,8 +65,6 @@ def barrier(
 
 
 def _checked_timeout(timeout: Any) -> timedelta:
-    from .input_errors import with_rank
-
     try:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     except (TypeError, ValueError):
@@ -66,7 +79,7 @@ def _checked_timeout(timeout: Any) -> timedelta:
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=seconds)
 
 
-def _node_group(state: PartialState) -> Any:
+def _node_group(state: ProcessInfo) -> Any:
     """The process group of this machine's ranks (None = the whole world, when there is one machine)."""
     topology = state.topology
     if topology.num_nodes <= 1 or topology.world_size != state.num_processes:
@@ -80,7 +93,8 @@ def _node_group(state: PartialState) -> Any:
 
 
 @contextmanager
-def go_first(state: PartialState, local: bool):
+def go_first(state: ProcessInfo, local: bool):
+    """Context manager: the (local) main process runs the block before the others."""
     first = state.is_local_main_process if local else state.is_main_process
     group = _node_group(state) if local and state.use_distributed else None
     if not first:
@@ -92,6 +106,7 @@ def go_first(state: PartialState, local: bool):
 
 def take_local_index_alias(local_process_index: int | None, kwargs: dict[str, Any]) -> int | None:
     # The spec's own example spells it `local_process_idx`.
+    """Return `local_process_index`, accepting the `local_process_idx` spelling too."""
     if "local_process_idx" in kwargs:
         alias = kwargs.pop("local_process_idx")
         if local_process_index is None:
@@ -106,7 +121,7 @@ def run_only_if(
     predicate: Callable[[], bool],
     required_index: Any = True,
 ) -> Any:
-    """Decorate `function` to run only where `predicate()` holds (always, on a single process)."""
+    """Decorate `function` to run only where `predicate()` holds (it is asked at each call)."""
     if required_index is None:
         raise ValueError(
             "This decorator needs the index of the process to run on, e.g. "
@@ -119,12 +134,7 @@ def run_only_if(
 
     @functools.wraps(function)
     def only_there(*args: Any, **kwargs: Any) -> Any:
-        from .state import PartialState
-
-        state = PartialState()
-        if not state.use_distributed or predicate():
-            return function(*args, **kwargs)
-        return None
+        return function(*args, **kwargs) if predicate() else None
 
     return only_there
 
@@ -188,7 +198,7 @@ def split_for_process(
     return _split_values(inputs, start, end, target_len, apply_padding)
 
 
-def _trigger_tensor(state: PartialState) -> torch.Tensor:
+def _trigger_tensor(state: ProcessInfo) -> torch.Tensor:
     flag = state.__dict__.get("_trigger_flag")
     if flag is None:
         flag = torch.tensor(0, device=state.device)
@@ -196,16 +206,20 @@ def _trigger_tensor(state: PartialState) -> torch.Tensor:
     return flag
 
 
-def set_trigger(state: PartialState) -> None:
+def set_trigger(state: ProcessInfo) -> None:
+    """Raise this process's trigger flag, seen by the next `check_trigger`."""
     state.__dict__["_trigger_flag"] = torch.tensor(1, device=state.device)
 
 
-def check_trigger(state: PartialState) -> bool:
+def check_trigger(state: ProcessInfo) -> bool:
     """True on every rank if any rank called set_trigger since the last check; then resets."""
-    from .ops import reduce
-
     flag = _trigger_tensor(state)
-    total = reduce(flag, reduction="sum") if state.use_distributed else flag
+    total = flag
+    if state.use_distributed:
+        total = flag.clone()
+        with ledger.entered("reduce", flag) as entry:
+            check_collective(entry, state, arguments="reduction=sum")
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)
     if int(total.item()) >= 1:
         state.__dict__["_trigger_flag"] = torch.tensor(0, device=state.device)
         return True

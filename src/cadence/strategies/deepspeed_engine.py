@@ -9,6 +9,15 @@ from typing import Any
 
 import torch
 
+from ..plugins.deepspeed import DummyOptim, DummyScheduler
+from ..scheduler import AcceleratedScheduler
+from ..state import GradientState
+from .context import StrategyContext
+from .deepspeed_wrappers import (
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+)
+
 logger = logging.getLogger(__name__)
 
 _HIDDEN_SIZE_KEYS = (
@@ -18,7 +27,7 @@ _HIDDEN_SIZE_KEYS = (
 )
 
 
-def _micro_batch_size(accelerator: Any, plugin: Any, loaders: list[Any]) -> int | None:
+def _micro_batch_size(context: StrategyContext, plugin: Any, loaders: list[Any]) -> int | None:
     if not plugin.is_auto("train_micro_batch_size_per_gpu"):
         return plugin.get_value("train_micro_batch_size_per_gpu")
     if not loaders:
@@ -32,13 +41,12 @@ def _micro_batch_size(accelerator: Any, plugin: Any, loaders: list[Any]) -> int 
             "A dataloader passed to prepare() has batch_size=None, so train_micro_batch_size_per_gpu='auto' "
             "cannot be filled: set it in the DeepSpeed config."
         )
-    if accelerator.split_batches:
-        sizes = [size // accelerator.num_processes for size in sizes]
+    if context.split_batches:
+        sizes = [size // context.num_processes for size in sizes]
     return min(sizes) if plugin.is_train_batch_min else max(sizes)
 
 
 def _check_optimizer_and_scheduler(plugin: Any, optimizer: Any, scheduler: Any) -> None:
-    from ..plugins.deepspeed import DummyOptim, DummyScheduler
 
     config = plugin.deepspeed_config
     if optimizer is not None:
@@ -73,9 +81,8 @@ def _check_optimizer_and_scheduler(plugin: Any, optimizer: Any, scheduler: Any) 
 
 
 def _config_values(
-    accelerator: Any, plugin: Any, model: Any, optimizer: Any, scheduler: Any, micro: Any
+    context: StrategyContext, plugin: Any, model: Any, optimizer: Any, scheduler: Any, micro: Any
 ) -> dict:
-    from ..plugins.deepspeed import DummyOptim, DummyScheduler
 
     values: dict[str, Any] = {
         "gradient_clipping": 1.0,
@@ -84,7 +91,7 @@ def _config_values(
     if micro is not None:
         values["train_micro_batch_size_per_gpu"] = micro
         values["train_batch_size"] = (
-            micro * plugin.get_value("gradient_accumulation_steps") * accelerator.num_processes
+            micro * plugin.get_value("gradient_accumulation_steps") * context.num_processes
         )
     auto_keys = [key for key in _HIDDEN_SIZE_KEYS if plugin.is_auto(key)]
     if auto_keys:
@@ -120,13 +127,13 @@ def _config_values(
         if scheduler.total_num_steps is not None:
             values["scheduler.params.total_num_steps"] = (
                 scheduler.total_num_steps
-                if accelerator.split_batches
-                else math.ceil(scheduler.total_num_steps / accelerator.num_processes)
+                if context.split_batches
+                else math.ceil(scheduler.total_num_steps / context.num_processes)
             )
     return values
 
 
-def _engine_optimizer(accelerator: Any, config: dict, optimizer: Any) -> Any:
+def _engine_optimizer(device: torch.device, config: dict, optimizer: Any) -> Any:
     """The optimizer to hand DeepSpeed. On CPU a torch optimizer is kept as it is, even with optimizer
     offload (it already runs on the CPU; DeepSpeed's CPU Adam would need a compiled op)."""
     offloaded = config["zero_optimization"].get("offload_optimizer", {}).get(
@@ -137,7 +144,7 @@ def _engine_optimizer(accelerator: Any, config: dict, optimizer: Any) -> Any:
     )
     if not offloaded:
         return optimizer
-    if accelerator.device.type == "cpu":
+    if device.type == "cpu":
         config.setdefault("zero_force_ds_cpu_optimizer", False)
         return optimizer
     if not config.get("zero_force_ds_cpu_optimizer", True):
@@ -150,37 +157,40 @@ def _engine_optimizer(accelerator: Any, config: dict, optimizer: Any) -> Any:
     )
 
 
-def build_engine(strategy: Any, objects: list[Any], kinds: list[str]) -> list[Any]:
-    from ..plugins.deepspeed import DummyOptim, DummyScheduler
-    from .deepspeed import (
-        DeepSpeedEngineWrapper,
-        DeepSpeedOptimizerWrapper,
-        DeepSpeedSchedulerWrapper,
-    )
+def build_engine(
+    deepspeed: Any,
+    plugin: Any,
+    context: StrategyContext,
+    gradient_state: GradientState,
+    objects: list[Any],
+    kinds: list[str],
+    prepare_one: Any,
+) -> tuple[list[Any], Any]:
+    """Prepare the dataloaders (with `prepare_one`), build the engine; returns (objects, engine).
 
-    accelerator = strategy.accelerator
-    deepspeed = strategy.deepspeed
-    plugin = strategy.plugin
+    The DeepSpeed config's gradient_accumulation_steps wins over the Accelerator's: `gradient_state`
+    (the owner of that number) is updated to it."""
+
     result = list(objects)
     loaders = []
     for index, kind in enumerate(kinds):
         if kind == "dataloader":
             loaders.append(objects[index])
-            result[index] = accelerator.prepare_data_loader(objects[index])
-    micro = _micro_batch_size(accelerator, plugin, loaders)
+            result[index] = prepare_one(objects[index], kind, None)
+    micro = _micro_batch_size(context, plugin, loaders)
     plugin.fill_match(
         "gradient_accumulation_steps",
         must_match=False,
-        gradient_accumulation_steps=accelerator.gradient_accumulation_steps,
+        gradient_accumulation_steps=gradient_state.num_steps,
     )
     steps = plugin.get_value("gradient_accumulation_steps")
-    if steps != accelerator.gradient_accumulation_steps:
+    if steps != gradient_state.num_steps:
         logger.warning(
             "gradient_accumulation_steps: the Accelerator says %s, the DeepSpeed config %s; using DeepSpeed's.",
-            accelerator.gradient_accumulation_steps,
+            gradient_state.num_steps,
             steps,
         )
-        accelerator.gradient_accumulation_steps = steps
+        gradient_state.plugin_kwargs.update({"num_steps": steps})
 
     model = next(obj for obj, kind in zip(objects, kinds) if kind == "model")
     optimizer = next(
@@ -204,10 +214,10 @@ def build_engine(strategy: Any, objects: list[Any], kinds: list[str]) -> list[An
     _check_optimizer_and_scheduler(plugin, optimizer, scheduler)
     plugin.set_moe_leaf_modules(model)
     plugin.deepspeed_config_process(
-        must_match=False, **_config_values(accelerator, plugin, model, optimizer, scheduler, micro)
+        must_match=False, **_config_values(context, plugin, model, optimizer, scheduler, micro)
     )
     config = plugin.deepspeed_config
-    if accelerator.device.type == "cpu" and "optimizer" in config:
+    if context.device.type == "cpu" and "optimizer" in config:
         config["optimizer"].setdefault("params", {}).setdefault(
             "torch_adam", True
         )  # no compiled op
@@ -222,7 +232,7 @@ def build_engine(strategy: Any, objects: list[Any], kinds: list[str]) -> list[An
             ):
                 kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
         else:
-            kwargs["optimizer"] = _engine_optimizer(accelerator, config, optimizer)
+            kwargs["optimizer"] = _engine_optimizer(context.device, config, optimizer)
             if (
                 scheduler is not None
                 and type(scheduler).__name__ in deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES
@@ -236,7 +246,7 @@ def build_engine(strategy: Any, objects: list[Any], kinds: list[str]) -> list[An
     wrapped_scheduler = None
     if scheduler is not None:
         if engine_scheduler is None:
-            wrapped_scheduler = _plain_scheduler(accelerator, scheduler, wrapped_optimizer)
+            wrapped_scheduler = _plain_scheduler(context, scheduler, wrapped_optimizer)
         else:
             wrapped_scheduler = DeepSpeedSchedulerWrapper(engine_scheduler, wrapped_optimizer)
     for index, obj in enumerate(objects):
@@ -246,27 +256,14 @@ def build_engine(strategy: Any, objects: list[Any], kinds: list[str]) -> list[An
             result[index] = wrapped_optimizer
         elif obj is scheduler:
             result[index] = wrapped_scheduler
-    if strategy.engine_wrapper is not None:
-        logger.warning(
-            "This Accelerator already holds a DeepSpeed engine; backward() now drives the new one. Use one "
-            "Accelerator per model."
-        )
-    strategy.engine_wrapper = DeepSpeedEngineWrapper(engine)
-    accelerator._models.append(engine)
-    if wrapped_optimizer is not None:
-        accelerator._optimizers.append(wrapped_optimizer)
-    if wrapped_scheduler is not None:
-        accelerator._schedulers.append(wrapped_scheduler)
-    return result
+    return result, engine
 
 
-def _plain_scheduler(accelerator: Any, scheduler: Any, optimizer: Any) -> Any:
+def _plain_scheduler(context: StrategyContext, scheduler: Any, optimizer: Any) -> Any:
     """A torch scheduler the user steps; it follows the engine's optimizer."""
-    from ..scheduler import AcceleratedScheduler
-
     return AcceleratedScheduler(
         scheduler,
         optimizer,
-        step_with_optimizer=accelerator.step_scheduler_with_optimizer,
-        split_batches=accelerator.split_batches,
+        step_with_optimizer=context.step_scheduler_with_optimizer,
+        split_batches=context.split_batches,
     )

@@ -10,15 +10,18 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .configs import (
+from ..dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
+    KwargsHandler,
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from .enums import DynamoBackend, PrecisionType, RNGType
-from .input_errors import rank_named_errors
-from .kwargs import KwargsHandler
+from ..enums import DynamoBackend, RNGType
+from ..input_errors import rank_named_errors
+from ..plugins.resolve import resolve_parallel_plugins
+from ..precision_choice import check_precision_supported, parse_mixed_precision
+from ..settings import Resolved, resolve, resolve_flag
 
 # Constructor arguments of older releases that still reach us through user scripts.
 _DATALOADER_ALIASES = ("dispatch_batches", "even_batches", "use_seedable_sampler")
@@ -44,6 +47,8 @@ class AcceleratorSettings:
     deepspeed_plugins: Any = None
     torch_tp_plugin: Any = None
     parallelism_config: Any = None
+    # Where the settings read from the launcher or the environment came from (printed in debug mode).
+    sources: dict[str, Resolved] = field(default_factory=dict)
 
     @classmethod
     @rank_named_errors
@@ -69,15 +74,17 @@ class AcceleratorSettings:
                 raise NotImplementedError(
                     f"{feature} support ({name}=...) is not available in Cadence yet."
                 )
-        if args["mixed_precision"] is not None:
-            value = str(args["mixed_precision"]).lower()
-            if value not in PrecisionType.list():
-                raise ValueError(
-                    f"Unknown mixed_precision {args['mixed_precision']!r}: choose one of "
-                    f"{', '.join(PrecisionType.list())}."
-                )
-        from .plugins.resolve import resolve_parallel_plugins
-
+        steps = args["gradient_accumulation_steps"]
+        sources = {
+            "mixed_precision": resolve("mixed_precision", args["mixed_precision"], "no", launch),
+            "gradient_accumulation_steps": resolve(
+                "gradient_accumulation_steps", None if steps == 1 else steps, 1, launch
+            ),
+            "dynamo_backend": resolve("dynamo_backend", args["dynamo_backend"], "no", {}),
+        }
+        sources["use_cpu"] = resolve_flag("use_cpu", args["cpu"], launch)
+        sources["debug"] = resolve_flag("debug", None, launch)
+        mixed_precision = parse_mixed_precision(sources["mixed_precision"].value)
         parallel = resolve_parallel_plugins(
             fsdp_plugin=args["fsdp_plugin"],
             deepspeed_plugins=args["deepspeed_plugins"] or args["deepspeed_plugin"],
@@ -85,13 +92,15 @@ class AcceleratorSettings:
             parallelism_config=args["parallelism_config"],
             launch=launch,
         )
-        if str(args["mixed_precision"]).lower() == "fp8" and not parallel.deepspeed_plugins:
-            from .precision import require_fp8_package
-
-            require_fp8_package()
+        # The device is not known yet; the strategy checks it again once it is.
+        check_precision_supported(
+            mixed_precision,
+            device_type="cpu" if args["cpu"] else None,
+            engine="deepspeed" if parallel.deepspeed_plugins else None,
+        )
         return cls(
             device_placement=bool(args["device_placement"]),
-            mixed_precision=args["mixed_precision"],
+            mixed_precision=args["mixed_precision"],  # AcceleratorState resolves it the same way
             cpu=bool(args["cpu"]),
             dataloader_config=dataloader_config,
             project_config=project_config,
@@ -104,6 +113,7 @@ class AcceleratorSettings:
             deepspeed_plugins=parallel.deepspeed_plugins,
             torch_tp_plugin=args["torch_tp_plugin"],
             parallelism_config=parallel.parallelism_config,
+            sources=sources,
         )
 
 
@@ -189,9 +199,7 @@ def _accumulation_plugin(
             )
         return plugin
     if steps == 1:
-        from_launch = launch.get("gradient_accumulation_steps") or os.environ.get(
-            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
-        )
+        from_launch = resolve("gradient_accumulation_steps", None, None, launch).value
         if from_launch is not None:
             try:
                 steps = int(from_launch)
@@ -276,7 +284,7 @@ def _dynamo_plugin(backend: Any, plugin: Any, launch: dict[str, Any]) -> TorchDy
         return plugin
     if backend is None:
         dynamo = launch.get("dynamo") or {}
-        backend = dynamo.get("backend") or os.environ.get("ACCELERATE_DYNAMO_BACKEND")
+        backend = dynamo.get("backend") or resolve("dynamo_backend", launch={}).value
         if backend is None:
             return None
         return _checked_dynamo(

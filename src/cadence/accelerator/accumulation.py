@@ -1,0 +1,93 @@
+"""Gradient accumulation and the backward pass of one micro-step.
+
+`GradientAccumulation` counts micro-steps, tells `GradientState` whether this one synchronises, divides
+the loss by the number of accumulation steps, hands it to the strategy's backward (which scales it as its
+precision says), and reweights the last, shorter window of a dataloader (see `adjust_last_window`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..diagnostics.ledger import ledger
+from ..input_errors import with_rank
+from ..prepared import PreparedObjects
+from ..state import GradientState
+from ..strategies import Strategy
+
+
+class GradientAccumulation:
+    """The accumulation counter and backward of one Accelerator."""
+
+    def __init__(
+        self, strategy: Strategy, prepared: PreparedObjects, gradient_state: GradientState
+    ) -> None:
+        self.strategy = strategy
+        self.prepared = prepared
+        self.gradient_state = gradient_state
+        self.step = 0
+        # Micro-batches in the window that ends with this step (0 while the window is still open).
+        self.micro_steps_in_window = 0
+
+    def begin_micro_step(self) -> None:
+        """Advance the counter and decide whether this micro-step synchronises gradients."""
+        state = self.gradient_state
+        steps = state.num_steps
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            self.micro_steps_in_window = self.step % steps + 1
+            self.step = 0
+            state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            sync = self.step % steps == 0
+            self.micro_steps_in_window = steps if sync else 0
+            state._set_sync_gradients(sync)
+
+    @contextlib.contextmanager
+    def accumulate(self, models: tuple[torch.nn.Module, ...]) -> Iterator[None]:
+        """One micro-step: skip the gradient all-reduce unless this micro-step synchronises."""
+        self.begin_micro_step()
+        state = self.gradient_state
+        allow_sync = state.sync_gradients or (
+            self.strategy.context.use_distributed and state.sync_each_batch
+        )
+        with contextlib.ExitStack() as stack:
+            if not allow_sync:
+                for model in models:
+                    stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Divide the loss for accumulation, run the strategy's backward, fix up a short last window."""
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(
+                with_rank(f"backward() needs the loss tensor, got {type(loss).__name__}.")
+            )
+        steps = self.gradient_state.num_steps
+        strategy = self.strategy
+        if steps > 1 and strategy.divides_loss_for_accumulation:
+            loss = loss / steps
+        syncs = self.gradient_state.sync_gradients
+        if self.prepared.models and syncs and strategy.context.use_distributed:
+            # The wrapped model all-reduces gradients during backward: the watchdog must see it.
+            with ledger.entered("backward", None):
+                strategy.backward(loss, **kwargs)
+        else:
+            strategy.backward(loss, **kwargs)
+        if not strategy.divides_loss_for_accumulation or not self.gradient_state.adjust_last_window:
+            return
+        if syncs and 0 < self.micro_steps_in_window < steps:
+            self._reweight_partial_window(steps / self.micro_steps_in_window)
+
+    def _reweight_partial_window(self, factor: float) -> None:
+        # The last window of a dataloader holds fewer than N micro-batches, each divided by N: rescale
+        # so the update is the mean gradient of the micro-batches actually accumulated.
+        with torch.no_grad():
+            for model in self.prepared.models:
+                for parameter in model.parameters():
+                    if parameter.grad is not None:
+                        parameter.grad.mul_(factor)

@@ -1,0 +1,664 @@
+"""The Accelerator: the public API's table of contents.
+
+Every method is a few lines that delegate to the component that owns the concern, each built once in
+`__init__` and given what it needs: the resolved settings (`AcceleratorSettings`), the process state, the
+strategy (which owns the precision), the `Preparer`, the `GradientAccumulation`, the `TrackerHub`, and
+the `PreparedObjects` record they share. No component receives the Accelerator.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from .. import collectives as ops
+from ..dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
+from ..join import join_uneven_inputs
+from ..plugins.resolve import setup_device_mesh
+from ..precision import Precision, PrecisionRequest, remove_forward_wrapper
+from ..prepared import PreparedObjects
+from ..profiling import profile
+from ..settings import describe, read_launch_config
+from ..state import AcceleratorState, GradientState
+from ..strategies import StrategyContext, select_strategy
+from ..tracking import TrackerHub
+from .accumulation import GradientAccumulation
+from .preparation import Preparer, model_is_dispatched
+from .settings import AcceleratorSettings
+
+_SPLIT_BATCHES_UNSET = object()
+
+
+class Accelerator:
+    """Creates the distributed set-up (or adopts the one already there) and prepares training objects.
+
+    Example::
+
+        accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(loss_fn(model(x), y))
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _SPLIT_BATCHES_UNSET,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+        **unknown: Any,
+    ) -> None:
+        settings = AcceleratorSettings.resolve(
+            device_placement=device_placement,
+            split_batches=split_batches,
+            split_batches_unset=split_batches is _SPLIT_BATCHES_UNSET,
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            cpu=cpu,
+            dataloader_config=dataloader_config,
+            deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugins=deepspeed_plugins,
+            fsdp_plugin=fsdp_plugin,
+            torch_tp_plugin=torch_tp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config,
+            rng_types=rng_types,
+            log_with=log_with,
+            project_dir=project_dir,
+            project_config=project_config,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            kwargs_handlers=kwargs_handlers,
+            dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin,
+            unknown=unknown,
+            launch=read_launch_config(),
+        )
+        self.device_placement = settings.device_placement
+        self.dataloader_config = settings.dataloader_config
+        self.project_configuration = settings.project_config
+        self.rng_types = settings.rng_types
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.ddp_handler = settings.handlers.get("DistributedDataParallelKwargs")
+        self.scaler_handler = settings.handlers.get("GradScalerKwargs")
+        self.init_handler = settings.handlers.get("InitProcessGroupKwargs")
+        self.autocast_handler = settings.handlers.get("AutocastKwargs")
+        self.profile_handler = settings.handlers.get("ProfileKwargs")
+        self.fp8_recipe_handler = settings.handlers.get("FP8RecipeKwargs")
+        self.dynamo_plugin = settings.dynamo_plugin
+        # Before the process group starts, so a bad log_with fails without side effects.
+        self._tracker_hub = TrackerHub(
+            settings.log_with, functools.partial(getattr, settings.project_config, "logging_dir")
+        )
+
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(
+            mixed_precision=settings.mixed_precision,
+            cpu=settings.cpu,
+            dynamo_plugin=settings.dynamo_plugin,
+            deepspeed_plugin=settings.deepspeed_plugins,
+            fsdp_plugin=settings.fsdp_plugin,
+            parallelism_config=settings.parallelism_config,
+            _from_accelerator=True,
+            **init_kwargs,
+        )
+        if self.state.parallelism_config is not None:
+            setup_device_mesh(self.state)
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=settings.accumulation_plugin
+        )
+        if self.state.debug:  # say where each setting came from, once per process
+            print(f"[rank {self.process_index}] Cadence settings:\n{describe(settings.sources)}")
+        self.flag_tensor: torch.Tensor | None = None
+        self._prepared = PreparedObjects()
+        self._strategy = select_strategy(
+            self._strategy_context(),
+            PrecisionRequest(
+                self.state._mixed_precision,
+                self.autocast_handler,
+                self.scaler_handler,
+                self.fp8_recipe_handler,
+            ),
+            self._prepared,
+            self.gradient_state,
+        )
+        self._preparer = Preparer(
+            self._strategy,
+            self._prepared,
+            self.gradient_state,
+            device_placement=self.device_placement,
+            dataloader_config=self.dataloader_config,
+            rng_types=self.rng_types,
+            dynamo_plugin=self.dynamo_plugin,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+        )
+        self._accumulation = GradientAccumulation(
+            self._strategy, self._prepared, self.gradient_state
+        )
+
+    def _strategy_context(self) -> StrategyContext:
+        state = self.state
+        return StrategyContext(
+            device=state.device,
+            process_index=state.process_index,
+            num_processes=state.num_processes,
+            distributed_type=state.distributed_type,
+            mixed_precision=state.mixed_precision,
+            fsdp_plugin=state.fsdp_plugin,
+            deepspeed_plugin=state.deepspeed_plugin,
+            parallelism_config=state.parallelism_config,
+            ddp_handler=self.ddp_handler,
+            split_batches=self.dataloader_config.split_batches,
+            step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
+        )
+
+    # -- the state, as attributes -----------------------------------------------------------------
+    device = property(lambda self: self.state.device, doc="This process's device.")
+    distributed_type = property(lambda self: self.state.distributed_type)
+    num_processes = property(lambda self: self.state.num_processes)
+    process_index = property(lambda self: self.state.process_index)
+    local_process_index = property(lambda self: self.state.local_process_index)
+    is_main_process = property(lambda self: self.state.is_main_process)
+    is_local_main_process = property(lambda self: self.state.is_local_main_process)
+    is_last_process = property(lambda self: self.state.is_last_process)
+    use_distributed = property(lambda self: self.state.use_distributed)
+    mixed_precision = property(lambda self: self.state.mixed_precision)
+    is_fsdp2 = property(lambda self: self.state.is_fsdp2)
+    deepspeed_plugin = property(lambda self: self.state.deepspeed_plugin)
+    parallelism_config = property(lambda self: self.state.parallelism_config)
+    torch_device_mesh = property(lambda self: self.state.device_mesh)
+    project_dir = property(lambda self: self.project_configuration.project_dir)
+    logging_dir = property(lambda self: self.project_configuration.logging_dir)
+    save_iteration = property(lambda self: self.project_configuration.iteration)
+    split_batches = property(lambda self: self.dataloader_config.split_batches)
+    dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
+    use_seedable_sampler = property(lambda self: self.dataloader_config.use_seedable_sampler)
+    non_blocking = property(lambda self: self.dataloader_config.non_blocking)
+    use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether every process gets as many batches (the last ones completed from the start)."""
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def precision(self) -> Precision:
+        """The precision policy the strategy owns (autocast, scaler)."""
+        return self._strategy.precision
+
+    @property
+    def scaler(self) -> Any:
+        """The gradient scaler of fp16 training (None otherwise); owned by the precision policy."""
+        return self._strategy.precision.scaler
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """How many micro-batches make one optimizer step."""
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                f"gradient_accumulation_steps must be a positive integer, got {steps!r}."
+            )
+        self.gradient_state.plugin_kwargs.update({"num_steps": steps})
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this micro-step synchronises gradients (and the optimizer steps)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def step(self) -> int:
+        """The micro-step counter of gradient accumulation."""
+        return self._accumulation.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._accumulation.step = value
+
+    # The registry's lists, under the names the checkpoint flow and older code read.
+    _models = property(lambda self: self._prepared.models)
+    _optimizers = property(lambda self: self._prepared.optimizers)
+    _schedulers = property(lambda self: self._prepared.schedulers)
+    _dataloaders = property(lambda self: self._prepared.dataloaders)
+    _custom_objects = property(lambda self: self._prepared.custom_objects)
+    _save_model_state_pre_hook = property(lambda self: self._prepared.save_state_pre_hooks)
+    _load_model_state_pre_hook = property(lambda self: self._prepared.load_state_pre_hooks)
+
+    # -- preparing objects ------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and dataloaders (any order); return them in that order."""
+        result = self._preparer.prepare(args, device_placement)
+        return result[0] if len(result) == 1 else result
+
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Move the model to the device, apply mixed precision, wrap it for distributed training."""
+        return self._preparer.model(model, device_placement, evaluation_mode)
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ):
+        """Wrap the optimizer: it steps only on sync steps, through the fp16 scaler if any."""
+        return self._preparer.optimizer(optimizer, device_placement)
+
+    def prepare_scheduler(self, scheduler: Any):
+        """Wrap the scheduler so it steps with the optimizer."""
+        return self._preparer.scheduler(scheduler)
+
+    def prepare_data_loader(
+        self,
+        data_loader: Any,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
+    ):
+        """A loader yielding this process's batches on the device."""
+        return self._preparer.data_loader(data_loader, device_placement, slice_fn_for_dispatch)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0):
+        """A dataloader that starts after its first `num_batches` batches."""
+        from ..data import (
+            skip_first_batches,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    def unwrap_model(
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = True,
+    ) -> torch.nn.Module:
+        """The user's module inside whatever prepare() wrapped it in."""
+
+        inner, compiled = self._strategy.unwrap_fully(model)
+        if not keep_fp32_wrapper:
+            remove_forward_wrapper(inner)
+        if compiled is not None and keep_torch_compile:
+            compiled._orig_mod = inner
+            return compiled
+        return inner
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's state dict. Sharded models (FSDP, tensor parallel, ZeRO-3) are gathered whole
+        on the main process, on CPU; the other processes may get an empty dict. Collective there."""
+        return self._strategy.state_dict(model, unwrap)
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True if the model was dispatched over several devices with a device map (cannot be trained here)."""
+        return model_is_dispatched(model, self.use_distributed)
+
+    # -- the training loop ------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Replace `loss.backward()`: scales for accumulation and fp16, then runs the backend's backward."""
+        self._accumulation.backward(loss, **kwargs)
+
+    @contextmanager
+    def accumulate(self, *models: torch.nn.Module):
+        """Accumulate gradients over `gradient_accumulation_steps` micro-batches; sync on the last one."""
+        with self._accumulation.accumulate(models):
+            yield
+
+    @contextmanager
+    def no_sync(self, model: torch.nn.Module):
+        """Skip the gradient all-reduce of `model` inside the block (no effect on one process)."""
+        with self._strategy.no_sync(model):
+            yield
+
+    @contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module):
+        """Make the next backward of `model` synchronise gradients, even after forwards under no_sync."""
+        with self._strategy.trigger_sync_in_backward(model):
+            yield
+
+    @contextmanager
+    def autocast(self, autocast_handler: Any = None):
+        """Run the block under this Accelerator's mixed precision (or the given AutocastKwargs)."""
+        with self._strategy.precision.autocast(autocast_handler):
+            yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide fp16 gradients by the loss scale (once per step); a no-op without fp16."""
+        if self.scaler is None:
+            return
+        if optimizer is None:
+            optimizers = self._prepared.optimizers
+        else:
+            optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        for opt in optimizers:
+            prepared = self._prepared.find_optimizer(opt)
+            if prepared is None:
+                raise ValueError(
+                    "unscale_gradients() got an optimizer that was not passed to prepare()."
+                )
+            prepared.unscale_()
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor:
+        """Unscale, then clip the gradients' total norm; returns the norm before clipping."""
+        self.unscale_gradients()
+        return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale, then clip every gradient value to [-clip_value, clip_value]."""
+        self.unscale_gradients()
+        self._strategy.clip_grad_value_(parameters, clip_value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(optimizer.step_was_skipped for optimizer in self._prepared.optimizers)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather, then drop the samples duplicated to fill the last batch."""
+        from ..data.metrics import (
+            gather_for_metrics,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
+    @contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
+        """Let DDP ranks run different numbers of batches (torch's Join) when even_batches is off."""
+
+        with join_uneven_inputs(
+            joinables,
+            even_batches,
+            use_distributed=self.use_distributed,
+            dataloaders=self._prepared.dataloaders,
+            default_even_batches=self.even_batches,
+        ):
+            yield
+
+    @contextmanager
+    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """Context parallelism needs FSDP2 with cp_size > 1; otherwise this does nothing, as specified."""
+        yield
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""
+        import importlib.util
+
+        if importlib.util.find_spec("lomo_optim") is None:
+            raise ImportError("lomo_backward needs the LOMO optimizers: `pip install lomo-optim`.")
+        from lomo_optim import AdaLomo, Lomo  # optional dependency
+
+        for optimizer in self._prepared.optimizers:
+            inner = optimizer.optimizer
+            if isinstance(inner, (Lomo, AdaLomo)):
+                inner.fused_backward(loss, learning_rate)
+                return
+        raise ValueError("lomo_backward needs a Lomo or AdaLomo optimizer passed to prepare().")
+
+    def free_memory(self, *objects: Any) -> tuple[Any, ...]:
+        """Drop the references to prepared objects, collect garbage, reset `step`; returns `objects` emptied."""
+        import gc
+
+        self._prepared.clear_training_objects()
+        self.step = 0
+        objects = tuple(None for _ in objects)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return objects
+
+    def clear(self, *objects: Any) -> tuple[Any, ...]:
+        """Alias of free_memory."""
+        return self.free_memory(*objects)
+
+    # -- execution control and collectives (the process state and cadence.collectives) --------------------
+    def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
+        """Block until every process reaches this point (nothing happens on one process)."""
+        self.state.partial_state.wait_for_everyone(timeout)
+
+    @contextmanager
+    def main_process_first(self):
+        """The main process runs the block first, then the others."""
+        with self.state.partial_state.main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self):
+        """Each machine's local main process runs the block first, then that machine's others."""
+        with self.state.partial_state.local_main_process_first():
+            yield
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        """This process's contiguous share of `inputs` (a list, tuple, dict or tensor)."""
+        with self.state.partial_state.split_between_processes(inputs, apply_padding) as part:
+            yield part
+
+    def on_main_process(self, function=None):
+        """Decorate `function` to run only on the main process."""
+        return self.state.partial_state.on_main_process(function)
+
+    def on_local_main_process(self, function=None):
+        """Decorate `function` to run only on each machine's local main process."""
+        return self.state.partial_state.on_local_main_process(function)
+
+    def on_last_process(self, function=None):
+        """Decorate `function` to run only on the last process."""
+        return self.state.partial_state.on_last_process(function)
+
+    def on_process(self, function=None, process_index: int | None = None):
+        """Decorate `function` to run only on process `process_index`."""
+        return self.state.partial_state.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function=None, local_process_index: int | None = None, **kwargs: Any
+    ):
+        """Decorate `function` to run only on local process `local_process_index` of each machine."""
+        return self.state.partial_state.on_local_process(
+            function, local_process_index=local_process_index, **kwargs
+        )
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print`, once per machine."""
+        self.state.partial_state.print(*args, **kwargs)
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next `check_trigger` on every process sees it."""
+        self.state.partial_state.set_trigger()
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called `set_trigger` (then the flag resets)."""
+        return self.state.partial_state.check_trigger()
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate `tensor` (or nested tensors) from every process along dim 0."""
+        return ops.gather(tensor)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce `tensor` across processes ("sum" or "mean")."""
+        return ops.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad `tensor` along `dim` to the largest size any process has, so it can be gathered."""
+        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    # -- experiment tracking and profiling (the TrackerHub) ---------------------------------------
+    trackers = property(lambda self: self._tracker_hub.trackers, doc="The started trackers.")
+    log_with = property(lambda self: self._tracker_hub.log_with, doc="The requested trackers.")
+
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start a run named `project_name` on every tracker (main process only by default)."""
+        self._tracker_hub.init_trackers(project_name, config, init_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called `name` (its own run object with `unwrap=True`); a no-op stand-in elsewhere."""
+        return self._tracker_hub.get_tracker(name, unwrap)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Log `values` at `step` to every tracker."""
+        self._tracker_hub.log(values, step, log_kwargs)
+
+    def end_training(self) -> None:
+        """Finish the trackers, wait for pending checkpoint writes, and destroy the process group."""
+        self._tracker_hub.end_training()
+        from ..checkpoint_flow import (
+            wait_for_async_save,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        wait_for_async_save(self)
+        self.state.destroy_process_group()
+
+    @contextmanager
+    def profile(self, profile_handler: Any = None):
+        """Profile the block with torch.profiler; writes a Chrome trace per rank if output_trace_dir is set."""
+
+        with profile(profile_handler or self.profile_handler, self.state) as profiler:
+            yield profiler
+
+    # -- checkpoints (the Checkpointer) -------------------------------------------------------------
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered
+        objects into one atomically committed folder; returns its path.
+
+        With ProjectConfiguration(automatic_checkpoint_naming=True) the folder is
+        `project_dir/checkpoints/checkpoint_<i>` and `total_limit` keeps the newest ones. Pass
+        `async_save=True` to write in the background (the next save, load or end_training waits).
+        """
+        from ..checkpoint_flow import (
+            save_state,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        return save_state(self, output_dir, safe_serialization, **kwargs)
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        load_kwargs: dict | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Restore everything save_state wrote, after verifying the whole checkpoint (the newest complete
+        one when `input_dir` is None). Files holding pickles load only with `allow_pickle=True`."""
+        from ..checkpoint_flow import (
+            load_state,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        load_state(self, input_dir, load_kwargs, **kwargs)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and load these objects (anything with state_dict / load_state_dict) with the state."""
+        from ..checkpoint_flow import (
+            check_checkpointable,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        check_checkpointable(objects)
+        self._prepared.custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Any) -> Any:
+        """`hook(models, weights, output_dir)` runs before save_state writes; returns a removable handle."""
+        return _register_hook(self._prepared.save_state_pre_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Any) -> Any:
+        """`hook(models, input_dir)` runs before load_state loads; returns a removable handle."""
+        return _register_hook(self._prepared.load_state_pre_hooks, hook)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """`torch.save` (or safetensors) on the main process only, or once per machine with save_on_each_node."""
+        from ..checkpointing import (
+            save,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        if self.project_configuration.save_on_each_node:
+            should_write = self.is_local_main_process
+        else:
+            should_write = self.is_main_process
+        if should_write:
+            save(obj, f, safe_serialization=safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights as (sharded) safetensors with an index, for load_checkpoint_in_model."""
+        from ..checkpointing import (  # deferred: loaded on first use, keeps `import cadence` cheap
+            parse_shard_size,
+            save_model,
+        )
+
+        parse_shard_size(
+            max_shard_size
+        )  # on every rank, so no rank waits for a failed main process
+        if os.path.isfile(save_directory):
+            # The reference logs this and returns rather than raising.
+            import logging
+
+            logging.getLogger(__name__).error(
+                "save_model: %s should be a directory, not a file; nothing was saved.",
+                save_directory,
+            )
+            return
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model(
+                state_dict,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        self.wait_for_everyone()
+
+
+def _register_hook(hooks: dict, hook: Any) -> Any:
+    from torch.utils.hooks import RemovableHandle
+
+    if not callable(hook):
+        raise TypeError(f"A state hook must be callable, got {type(hook).__name__}.")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle

@@ -1,0 +1,332 @@
+"""What `Accelerator.prepare` does to each kind of object: models, optimizers, schedulers, dataloaders.
+
+The `Preparer` receives what it uses (the strategy, the registry of prepared objects, the device and the
+dataloader settings) and records every object it prepares in that registry.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any
+
+import torch
+
+from ..dataclasses import DataLoaderConfiguration
+from ..input_errors import rank_named_errors, with_rank
+from ..optimizer import AcceleratedOptimizer
+from ..plugins.parallelism import data_parallel_coordinates
+from ..prepared import PreparedObjects
+from ..scheduler import AcceleratedScheduler
+from ..state import GradientState
+from ..strategies import Strategy
+
+_PREPARABLE_KINDS = ("dataloader", "model", "optimizer", "scheduler")
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+    )
+
+
+def kind_of(obj: Any) -> str:
+    """ "dataloader", "model", "optimizer", "scheduler" or "other" (passed through untouched)."""
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return "dataloader"
+    if isinstance(obj, torch.nn.Module):
+        return "model"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizer"
+    if _is_scheduler(obj):
+        return "scheduler"
+    return "other"
+
+
+def check_preparable(obj: Any, position: int) -> None:
+    """Refuse what prepare() would hand back untouched although the user meant it to be prepared.
+
+    Other objects (None, custom objects) still pass through unchanged, as in the reference."""
+    where = f"argument {position + 1} of prepare()"
+    if isinstance(obj, type) and issubclass(
+        obj,
+        (
+            torch.nn.Module,
+            torch.optim.Optimizer,
+            torch.optim.lr_scheduler.LRScheduler,
+            torch.utils.data.DataLoader,
+            torch.utils.data.Dataset,
+        ),
+    ):
+        raise TypeError(
+            f"{where} is the class {obj.__name__}, not an object: create it first "
+            f"(e.g. {obj.__name__}(...)) and pass the instance."
+        )
+    if isinstance(obj, torch.utils.data.Dataset):
+        raise TypeError(
+            f"{where} is a dataset ({type(obj).__name__}); prepare() shards DataLoaders, not datasets. "
+            "Pass torch.utils.data.DataLoader(dataset, batch_size=...) instead."
+        )
+    if isinstance(obj, types.GeneratorType) and obj.gi_code.co_name in (
+        "parameters",
+        "named_parameters",
+    ):
+        raise TypeError(
+            f"{where} is a generator of parameters (model.{obj.gi_code.co_name}()); pass the model "
+            "itself, and build the optimizer from model.parameters()."
+        )
+    if isinstance(obj, (list, tuple, set, frozenset, dict)):
+        items = obj.values() if isinstance(obj, dict) else obj
+        inside = sorted({kind_of(item) for item in items} & set(_PREPARABLE_KINDS))
+        if inside:
+            raise TypeError(
+                f"{where} is a {type(obj).__name__} holding {' and '.join(inside)} object(s); prepare() "
+                "does not look inside containers. Pass the objects themselves: "
+                "model, optimizer = accelerator.prepare(model, optimizer) (or prepare(*objects))."
+            )
+
+
+def _placements(device_placement: Any, count: int) -> list[Any]:
+    if device_placement is None:
+        return [None] * count
+    if not isinstance(device_placement, (list, tuple)) or len(device_placement) != count:
+        raise ValueError(
+            f"device_placement must be a list with one bool per object passed to prepare() "
+            f"({count}), got {device_placement!r}."
+        )
+    for value in device_placement:
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(
+                f"device_placement entries must be True, False or None, got {value!r} "
+                f"(in {device_placement!r})."
+            )
+    return list(device_placement)
+
+
+def check_scheduler(scheduler: Any) -> None:
+    """prepare_scheduler() needs something that steps a learning rate: refuse anything else up front."""
+    if isinstance(scheduler, (AcceleratedScheduler, torch.optim.lr_scheduler.LRScheduler)):
+        return
+    if isinstance(scheduler, torch.optim.Optimizer):
+        raise TypeError(
+            with_rank(
+                f"prepare_scheduler() got an optimizer ({type(scheduler).__name__}); pass it to "
+                "prepare_optimizer() (or prepare()), and the learning-rate scheduler built on it here."
+            )
+        )
+    if not callable(getattr(scheduler, "step", None)) or not hasattr(scheduler, "optimizer"):
+        raise TypeError(
+            with_rank(
+                "prepare_scheduler() needs a learning-rate scheduler (torch.optim.lr_scheduler.*, "
+                f"with .step() and .optimizer), got {type(scheduler).__name__}."
+            )
+        )
+
+
+def model_is_dispatched(model: torch.nn.Module, use_distributed: bool) -> bool:
+    """True if the model was dispatched over several devices with a device map (cannot be trained
+    with data parallelism: raises on several processes)."""
+    for module in model.modules():
+        device_map = getattr(module, "hf_device_map", None)
+        if isinstance(device_map, dict) and len(set(device_map.values())) > 1:
+            if use_distributed:
+                raise ValueError(
+                    "This model is spread over several devices with a device_map; it cannot be "
+                    "trained with distributed data parallelism. Load it on one device per process."
+                )
+            return True
+    return False
+
+
+class Preparer:
+    """Wraps each object for this process's backend and records it in `prepared`."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        prepared: PreparedObjects,
+        gradient_state: GradientState,
+        *,
+        device_placement: bool,
+        dataloader_config: DataLoaderConfiguration,
+        rng_types: list[str],
+        dynamo_plugin: Any,
+        step_scheduler_with_optimizer: bool,
+    ) -> None:
+        self.strategy = strategy
+        self.prepared = prepared
+        self.gradient_state = gradient_state
+        self.device_placement = device_placement
+        self.dataloader_config = dataloader_config
+        self.rng_types = rng_types
+        self.dynamo_plugin = dynamo_plugin
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+
+    @property
+    def _device(self) -> torch.device:
+        return self.strategy.context.device
+
+    @rank_named_errors
+    def prepare(self, args: tuple[Any, ...], device_placement: Any) -> tuple[Any, ...]:
+        """Prepare dataloaders and models first, then optimizers, then schedulers (which wrap optimizers).
+
+        Every argument is checked before any is prepared, so a bad one leaves the others untouched."""
+        placements = _placements(device_placement, len(args))
+        for position, obj in enumerate(args):
+            check_preparable(obj, position)
+        kinds = [kind_of(obj) for obj in args]
+        grouped = self.strategy.prepare_group(list(args), kinds, placements, self.prepare_one)
+        if (
+            grouped is not None
+        ):  # an engine (DeepSpeed) takes model, optimizer and scheduler together
+            return tuple(grouped)
+        result = list(args)
+        for order in (("dataloader", "model"), ("optimizer",), ("scheduler",)):
+            for index, (obj, kind) in enumerate(zip(args, kinds)):
+                if kind in order:
+                    result[index] = self.prepare_one(obj, kind, placements[index])
+        self._check_optimizers_match_models([r for r, k in zip(result, kinds) if k == "optimizer"])
+        return tuple(result)
+
+    def prepare_one(self, obj: Any, kind: str, device_placement: bool | None) -> Any:
+        """Prepare one object of the given kind; other objects come back unchanged."""
+        if kind == "dataloader":
+            return self.data_loader(obj, device_placement=device_placement)
+        if kind == "model":
+            return self.model(obj, device_placement=device_placement)
+        if kind == "optimizer":
+            return self.optimizer(obj, device_placement=device_placement)
+        if kind == "scheduler":
+            return self.scheduler(obj)
+        return obj
+
+    def model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Move the model to the device, apply mixed precision, compile, wrap it for the backend."""
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                with_rank(f"prepare_model() needs a torch.nn.Module, got {type(model).__name__}.")
+            )
+        existing = self._already_prepared(model)
+        if existing is not None:
+            return existing
+        if self.device_placement if device_placement is None else device_placement:
+            model_is_dispatched(model, self.strategy.context.use_distributed)
+            model = model.to(self._device)
+        self.strategy.precision.wrap_forward(model)
+        if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
+            # Compiled inside the DDP wrapper: dynamo does not trace through DDP's own forward.
+            model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
+        model = self.strategy.wrap_model(model, evaluation_mode)
+        self.prepared.models.append(model)
+        return model
+
+    def _already_prepared(self, model: torch.nn.Module) -> Any:
+        for prepared in self.prepared.models:
+            if prepared is model or self.strategy.unwrap_fully(prepared)[0] is model:
+                return prepared
+        return None
+
+    def optimizer(self, optimizer: Any, device_placement: bool | None = None) -> Any:
+        """Wrap the optimizer so it steps only on sync steps and through the precision's scaler."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                with_rank(
+                    "prepare_optimizer() needs a torch.optim.Optimizer, got "
+                    f"{type(optimizer).__name__}."
+                )
+            )
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        existing = self.prepared.find_optimizer(optimizer)
+        if existing is not None:
+            return existing
+        self.strategy.adopt_optimizer(optimizer)  # sharding replaced the model's parameters
+        wrapped = AcceleratedOptimizer(
+            optimizer,
+            device_placement=self.device_placement
+            if device_placement is None
+            else device_placement,
+            scaler=self.strategy.precision.scaler,
+            device=self._device,
+            gradient_state=self.gradient_state,
+        )
+        self.prepared.optimizers.append(wrapped)
+        return wrapped
+
+    def scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap the scheduler so it follows the optimizer (steps only when the optimizer stepped)."""
+        check_scheduler(scheduler)
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        target = getattr(scheduler, "optimizer", None)
+        optimizer = self.prepared.find_optimizer(target) or target
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizer,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.dataloader_config.split_batches,
+            num_processes=self.strategy.context.num_processes,
+            gradient_state=self.gradient_state,
+        )
+        self.prepared.schedulers.append(wrapped)
+        return wrapped
+
+    def data_loader(
+        self,
+        data_loader: Any,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
+    ) -> Any:
+        """A loader that yields this process's share of the batches, on the device."""
+        from ..data import (
+            prepare_data_loader,  # deferred: loaded on first use, keeps `import cadence` cheap
+        )
+
+        context = self.strategy.context
+        config = self.dataloader_config
+        # Ranks of one tensor/context-parallel group read the same batches.
+        process_index, num_processes = data_parallel_coordinates(
+            context.parallelism_config, context.device, context.process_index, context.num_processes
+        )
+        prepared = prepare_data_loader(
+            data_loader,
+            context.device,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=config.split_batches,
+            put_on_device=self.device_placement if device_placement is None else device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
+        )
+        self.prepared.dataloaders.append(prepared)
+        return prepared
+
+    def _check_optimizers_match_models(self, optimizers: list[Any]) -> None:
+        if not self.prepared.models or not optimizers:
+            return
+        model_params = {
+            id(p)
+            for model in self.prepared.models
+            for p in self.strategy.unwrap_fully(model)[0].parameters()
+        }
+        for optimizer in optimizers:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if params and not any(id(p) in model_params for p in params):
+                warnings.warn(
+                    "An optimizer passed to prepare() holds none of the parameters of the prepared "
+                    "models: it will not train them. Create the optimizer from the same model object "
+                    "you prepare (e.g. torch.optim.AdamW(model.parameters())) before calling prepare().",
+                    UserWarning,
+                    stacklevel=4,
+                )

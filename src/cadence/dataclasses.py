@@ -1,0 +1,337 @@
+"""The Accelerator's option dataclasses (the home of what the reference keeps in `utils.dataclasses`).
+
+Two families: the `KwargsHandler`s that tune how a torch object is built (DDP, the grad scaler, the process
+group, autocast, the profiler, FP8 recipes), and the configurations of the Accelerator itself (dataloaders,
+project layout, gradient accumulation, dynamo). Sharded-training plugins live in `cadence.plugins`.
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .diagnostics.settings import parse_seconds
+from .enums import DDPCommunicationHookType, DynamoBackend
+from .profiling import build_profiler
+from .settings import resolve
+
+
+class KwargsHandler:
+    """Base of the handlers: `to_kwargs()` gives the fields that differ from the class defaults."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep copy of all the fields, as a dict."""
+        return copy.deepcopy(self.__dict__)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Only the fields whose value differs from the class default, as a dict."""
+        defaults = self.__class__().to_dict()
+        return {k: v for k, v in self.to_dict().items() if defaults.get(k) != v}
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Settings for `torch.autocast` (whether it is on, whether it caches casts).
+
+    Example::
+
+        from cadence import Accelerator, AutocastKwargs
+
+        handler = AutocastKwargs(cache_enabled=True)
+        accelerator = Accelerator(mixed_precision="bf16", kwargs_handlers=[handler])
+    """
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Settings for `torch.nn.parallel.DistributedDataParallel` and its communication hook.
+
+    Example::
+
+        from cadence import Accelerator, DistributedDataParallelKwargs
+
+        ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=True, comm_hook="fp16")
+        accelerator = Accelerator(kwargs_handlers=[ddp_kwargs])
+    """
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("comm_hook", "comm_wrapper"):
+            value = getattr(self, name)
+            try:
+                setattr(self, name, DDPCommunicationHookType(value))
+            except ValueError:
+                choices = ", ".join(repr(member.value) for member in DDPCommunicationHookType)
+                raise ValueError(
+                    f"DistributedDataParallelKwargs({name}={value!r}) is not a communication hook: use "
+                    f"one of {choices} (or a DDPCommunicationHookType)."
+                ) from None
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Settings for the fp16 `torch.amp.GradScaler` (initial scale, growth, backoff).
+
+    Example::
+
+        from cadence import Accelerator, GradScalerKwargs
+
+        scaler_kwargs = GradScalerKwargs(init_scale=1024.0, growth_interval=500)
+        accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[scaler_kwargs])
+    """
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """How the process group is created; `timeout` (a timedelta or seconds) defaults to 30 minutes.
+
+    `stuck_timeout` (Cadence only; seconds or timedelta, 0 turns it off) is how long ranks may wait in a
+    collective that another rank does not join before every rank stops with a report (default 300 s;
+    see cadence.diagnostics).
+
+    Example::
+
+        from datetime import timedelta
+
+        from cadence import Accelerator, InitProcessGroupKwargs
+
+        group_kwargs = InitProcessGroupKwargs(timeout=timedelta(hours=1))
+        accelerator = Accelerator(kwargs_handlers=[group_kwargs])
+    """
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: timedelta | float | None = None
+    stuck_timeout: timedelta | float | None = None
+
+    def __post_init__(self) -> None:
+        if self.stuck_timeout is not None:
+            parse_seconds(self.stuck_timeout, "InitProcessGroupKwargs.stuck_timeout")
+        if self.timeout is not None and not isinstance(self.timeout, timedelta):
+            try:
+                seconds = float(self.timeout)
+            except (TypeError, ValueError):
+                seconds = float("nan")
+            if not 0 < seconds < float("inf"):  # also refuses NaN and text
+                raise ValueError(
+                    f"InitProcessGroupKwargs.timeout must be a positive number of seconds or a "
+                    f"timedelta, got {self.timeout!r}."
+                )
+            self.timeout = timedelta(seconds=seconds)
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Settings for `torch.profiler.profile` used by `Accelerator.profile()`.
+
+    Example::
+
+        from cadence import Accelerator, ProfileKwargs
+
+        profile_kwargs = ProfileKwargs(activities=["cpu"], record_shapes=True)
+        accelerator = Accelerator(kwargs_handlers=[profile_kwargs])
+        with accelerator.profile() as prof:
+            model(inputs)
+        print(prof.key_averages().table(row_limit=5))
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Callable | None = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def build(self) -> Any:
+        """A `torch.profiler.profile` configured from these settings (not started)."""
+        return build_profiler(self)
+
+
+@dataclass
+class FP8RecipeKwargs(KwargsHandler):
+    """Settings of an FP8 training recipe (backend, format, amax history, ...)."""
+
+    backend: str | None = None
+    opt_level: str | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple | None = None
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How `prepare` shards and feeds dataloaders (batch splitting, even batches, seeding, ...).
+
+    Example::
+
+        from cadence import Accelerator, DataLoaderConfiguration
+
+        config = DataLoaderConfiguration(split_batches=True, even_batches=False)
+        accelerator = Accelerator(dataloader_config=config)
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "split_batches",
+            "dispatch_batches",
+            "even_batches",
+            "use_seedable_sampler",
+            "non_blocking",
+            "use_stateful_dataloader",
+        ):
+            if isinstance(getattr(self, name), (str, bytes)):
+                raise TypeError(
+                    f"DataLoaderConfiguration({name}={getattr(self, name)!r}) takes True or False, not "
+                    "a string (any non-empty string would count as True)."
+                )
+        seed = self.data_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise TypeError(
+                f"DataLoaderConfiguration(data_seed=...) must be an integer or None, got {seed!r}."
+            )
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a run keeps its files: project and logging directories, checkpoint naming and limit.
+
+    Example::
+
+        from cadence import Accelerator, ProjectConfiguration
+
+        config = ProjectConfiguration(
+            project_dir="runs/demo", automatic_checkpoint_naming=True, total_limit=3
+        )
+        accelerator = Accelerator(project_config=config)
+        accelerator.save_state()  # written under runs/demo/checkpoints/
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Set `project_dir`, and `logging_dir` to it when no logging dir was given."""
+        self.project_dir = os.fspath(project_dir) if project_dir is not None else None
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+    def __post_init__(self) -> None:
+        for name in ("project_dir", "logging_dir"):
+            path = getattr(self, name)
+            if path is not None and not isinstance(path, (str, os.PathLike)):
+                raise TypeError(
+                    f"ProjectConfiguration({name}=...) must be a path (str or os.PathLike), got "
+                    f"{type(path).__name__}."
+                )
+        if self.project_dir is not None:
+            self.project_dir = os.fspath(self.project_dir)
+        self.set_directories(self.project_dir)
+        if self.total_limit is not None and (
+            not isinstance(self.total_limit, int) or self.total_limit < 0
+        ):
+            raise ValueError(
+                f"total_limit must be a non-negative integer, got {self.total_limit!r}."
+            )
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """How gradients are accumulated: steps per update, scheduler and dataloader handling.
+
+    Example::
+
+        from cadence import Accelerator, GradientAccumulationPlugin
+
+        plugin = GradientAccumulationPlugin(num_steps=4, sync_with_dataloader=False)
+        accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_steps is not None and (
+            not isinstance(self.num_steps, int) or self.num_steps < 1
+        ):
+            raise ValueError(
+                f"GradientAccumulationPlugin.num_steps must be a positive integer, got {self.num_steps!r}."
+            )
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """Settings for `torch.compile` (backend, mode, ...); backend and mode default from launch."""
+
+    backend: DynamoBackend | str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = resolve("dynamo_backend", default="no", launch={}).value
+        name = str(getattr(self.backend, "value", self.backend)).upper()
+        if name not in DynamoBackend.list():
+            raise ValueError(
+                f"Unknown dynamo backend {self.backend!r}: use one of {', '.join(DynamoBackend.list())}."
+            )
+        self.backend = DynamoBackend(name)
+        self.mode = self.mode or resolve("dynamo_mode", default="default", launch={}).value
+
+    def to_compile_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments to pass to `torch.compile` (no `mode` when `options` is set)."""
+        kwargs: dict[str, Any] = {"backend": self.backend.value.lower(), "mode": self.mode}
+        for name in ("fullgraph", "dynamic", "options", "disable"):
+            value = getattr(self, name)
+            if value is not None:
+                kwargs[name] = value
+        if kwargs.get("options") is not None:
+            kwargs.pop("mode")  # torch.compile refuses both
+        return kwargs

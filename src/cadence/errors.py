@@ -1,0 +1,47 @@
+"""Every public exception of Cadence, in one place, with its reference-compatible base class.
+
+The classes are defined next to the code that raises them; this module re-exports them (on first use,
+so importing it stays cheap).
+
+| exception | base | raised when |
+| --- | --- | --- |
+| `DistributedOperationException` | RuntimeError | ranks called a collective with incompatible inputs |
+| `CheckpointError` | ValueError | a checkpoint folder cannot be used (the reference raises ValueError) |
+| `CheckpointIncompleteError` | CheckpointError | the save never finished |
+| `CheckpointCorruptError` | CheckpointError | a committed file changed since |
+| `UnsafeCheckpointError` | CheckpointError | a file needs unpickling and no opt-in was given |
+| `CheckpointCommitError` | CheckpointError | committing a save failed |
+| `NotCheckpointableError` | TypeError, ValueError | an object without state_dict/load_state_dict was registered |
+| `LaunchEnvironmentError` | RuntimeError | the launch environment (RANK, WORLD_SIZE, ...) is half set |
+| `LaunchConfigError` | RuntimeError | the launcher's settings record is unreadable |
+| `LaunchPlanError` | ValueError | `cadence launch` flags, variables or config file conflict |
+| `ConfigFileError` | ValueError | a config file cannot be read |
+| `WorkerProcessesFailed` | RuntimeError | a worker of notebook_launcher / debug_launcher failed |
+
+Example::
+
+    from cadence.errors import CheckpointError
+"""
+
+from __future__ import annotations
+
+from cadence.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "DistributedOperationException": "cadence.diagnostics.errors",
+    "CheckpointError": "cadence.checkpointing.errors",
+    "CheckpointIncompleteError": "cadence.checkpointing.errors",
+    "CheckpointCorruptError": "cadence.checkpointing.errors",
+    "UnsafeCheckpointError": "cadence.checkpointing.errors",
+    "CheckpointCommitError": "cadence.checkpointing.errors",
+    "NotCheckpointableError": "cadence.checkpoint_flow",
+    "LaunchEnvironmentError": "cadence.topology",
+    "LaunchConfigError": "cadence.settings",
+    "LaunchPlanError": "cadence.commands.launch_settings",
+    "ConfigFileError": "cadence.commands.config_file",
+    "WorkerProcessesFailed": "cadence.launchers",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

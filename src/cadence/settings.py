@@ -1,0 +1,157 @@
+"""The one settings resolver of a worker process: the only reader of `os.environ` (rank variables aside,
+which `cadence.topology` reads) and of the record `cadence launch` writes.
+
+Every setting resolves the same way: explicit argument > launch record > environment variable > default,
+and remembers where its value came from. The environment names are in one table, `ENV_NAMES`: Cadence's
+own name first, then the reference's (so `ACCELERATE_MIXED_PRECISION=bf16` keeps working). One boolean
+parser, `parse_bool`, reads every flag.
+
+Example::
+
+    from cadence.settings import resolve
+    resolve("mixed_precision", explicit=None, default="no")   # Resolved(value='bf16', source='launch')
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+LAUNCH_CONFIG_ENV = "CADENCE_LAUNCH_CONFIG"
+
+_TRUE = frozenset({"y", "yes", "t", "true", "on", "1"})
+_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
+
+# setting -> (launch-record key or None, environment names in order of precedence)
+ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "use_cpu": ("use_cpu", ("CADENCE_USE_CPU", "ACCELERATE_USE_CPU")),
+    "debug": ("debug", ("CADENCE_DEBUG", "ACCELERATE_DEBUG_MODE")),
+    "mixed_precision": (
+        "mixed_precision",
+        ("CADENCE_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"),
+    ),
+    "gradient_accumulation_steps": (
+        "gradient_accumulation_steps",
+        ("CADENCE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
+    ),
+    "dynamo_backend": (None, ("CADENCE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND")),
+    "dynamo_mode": (None, ("CADENCE_DYNAMO_MODE", "ACCELERATE_DYNAMO_MODE")),
+    "torch_device": (None, ("CADENCE_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")),
+    "use_fsdp": (None, ("CADENCE_USE_FSDP", "ACCELERATE_USE_FSDP")),
+    "use_deepspeed": (None, ("CADENCE_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED")),
+    "use_parallelism_config": (
+        None,
+        ("CADENCE_USE_PARALLELISM_CONFIG", "ACCELERATE_USE_PARALLELISM_CONFIG"),
+    ),
+    "fork_launched": (None, ("FORK_LAUNCHED",)),
+    "log_level": (None, ("CADENCE_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")),
+    "stuck_timeout": ("stuck_timeout", ("CADENCE_STUCK_TIMEOUT",)),
+    "process_group_timeout": ("process_group_timeout", ()),
+}
+
+
+class LaunchConfigError(RuntimeError):
+    """The launcher's settings record is not valid JSON or not an object."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A setting's value and where it came from ("argument", "launch", "env:<NAME>" or "default")."""
+
+    value: Any
+    source: str
+
+
+def parse_bool(value: Any, name: str = "value") -> bool:
+    """The one boolean parser: True/False, or y/yes/t/true/on/1 and n/no/f/false/off/0 in any case.
+
+    Example::
+
+        parse_bool("Yes")  # True
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{name} must be a boolean (true/false, yes/no, 1/0), got {value!r}.")
+
+
+def env_text(name: str, default: str | None = None) -> str | None:
+    """The raw value of environment variable `name` (or `default`)."""
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    """Environment variable `name` read with `parse_bool` (a bad spelling is an error naming it)."""
+    raw = os.environ.get(name)
+    return default if raw is None or raw.strip() == "" else parse_bool(raw, name)
+
+
+def read_launch_config(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The settings written by `cadence launch`, or an empty dict when the script was not launched by it."""
+    raw = (os.environ if env is None else env).get(LAUNCH_CONFIG_ENV)
+    if not raw:
+        return {}
+    return copy.deepcopy(_parse_launch_config(raw))  # callers may not change the cached record
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_launch_config(raw: str) -> dict[str, Any]:
+    # Parsed once per distinct record, however many components ask for it.
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise LaunchConfigError(
+            f"{LAUNCH_CONFIG_ENV} is not valid JSON ({err}). It is written by `cadence launch`; "
+            "unset it if you set it by hand."
+        ) from None
+    if not isinstance(value, dict):
+        raise LaunchConfigError(
+            f"{LAUNCH_CONFIG_ENV} must hold a JSON object, got {type(value).__name__}."
+        )
+    return value
+
+
+def encode_launch_config(settings: dict[str, Any]) -> str:
+    """The launch record as the launcher writes it into the environment."""
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def resolve(
+    name: str,
+    explicit: Any = None,
+    default: Any = None,
+    launch: dict[str, Any] | None = None,
+) -> Resolved:
+    """Explicit argument > launch record > environment (Cadence's name, then the reference's) > default."""
+    if explicit is not None:
+        return Resolved(explicit, "argument")
+    key, env_names = ENV_NAMES[name]
+    record = read_launch_config() if launch is None else launch
+    if key is not None and record.get(key) is not None:
+        return Resolved(record[key], "launch")
+    for env_name in env_names:
+        raw = os.environ.get(env_name)
+        if raw is not None and raw.strip() != "":
+            return Resolved(raw, f"env:{env_name}")
+    return Resolved(default, "default")
+
+
+def resolve_flag(name: str, explicit: bool | None = None, launch: dict | None = None) -> Resolved:
+    """`resolve` for a boolean setting: strings from the environment go through `parse_bool`."""
+    found = resolve(name, explicit or None, False, launch)
+    if isinstance(found.value, str):
+        return Resolved(parse_bool(found.value, found.source.removeprefix("env:")), found.source)
+    return Resolved(bool(found.value), found.source)
+
+
+def describe(resolved: dict[str, Resolved]) -> str:
+    """One line per setting, `name = value (source)`, for debug output."""
+    return "\n".join(f"{name} = {item.value!r} ({item.source})" for name, item in resolved.items())
