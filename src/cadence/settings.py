@@ -54,6 +54,60 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
 }
 
 
+# The variables the reference's launcher uses to hand plugin fields to a worker; plugins fill fields
+# the user left unset from these (through `plugin_env_text` / `plugin_env_bool`, which refuse a name
+# missing here, so this table stays the complete list).
+PLUGIN_ENV_NAMES: dict[str, tuple[str, ...]] = {
+    "DeepSpeedPlugin": (
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+        "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+        "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+        "ACCELERATE_FP8_BACKEND",
+        "ACCELERATE_FP8_OPT_LEVEL",
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+        "ACCELERATE_GRADIENT_CLIPPING",
+    ),
+    "FullyShardedDataParallelPlugin": (
+        "FSDP_ACTIVATION_CHECKPOINTING",
+        "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD",
+        "FSDP_AUTO_WRAP_POLICY",
+        "FSDP_BACKWARD_PREFETCH",
+        "FSDP_CPU_RAM_EFFICIENT_LOADING",
+        "FSDP_FORWARD_PREFETCH",
+        "FSDP_IGNORED_MODULES",
+        "FSDP_MIN_NUM_PARAMS",
+        "FSDP_OFFLOAD_PARAMS",
+        "FSDP_RESHARD_AFTER_FORWARD",
+        "FSDP_SHARDING_STRATEGY",
+        "FSDP_STATE_DICT_TYPE",
+        "FSDP_SYNC_MODULE_STATES",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP",
+        "FSDP_USE_ORIG_PARAMS",
+        "FSDP_VERSION",
+    ),
+    "ParallelismConfig": (
+        "PARALLELISM_CONFIG_CP_BACKEND",
+        "PARALLELISM_CONFIG_CP_COMM_STRATEGY",
+        "PARALLELISM_CONFIG_CP_SIZE",
+        "PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
+        "PARALLELISM_CONFIG_DP_SHARD_SIZE",
+        "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION",
+        "PARALLELISM_CONFIG_SP_BACKEND",
+        "PARALLELISM_CONFIG_SP_SEQ_LENGTH",
+        "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
+        "PARALLELISM_CONFIG_SP_SIZE",
+        "PARALLELISM_CONFIG_TP_SIZE",
+    ),
+}
+_PLUGIN_ENV = frozenset(name for names in PLUGIN_ENV_NAMES.values() for name in names)
+
+
 class LaunchConfigError(RuntimeError):
     """The launcher's settings record is not valid JSON or not an object."""
 
@@ -91,6 +145,19 @@ def env_text(name: str, default: str | None = None) -> str | None:
 def env_bool(name: str, default: bool = False) -> bool:
     """Environment variable `name` read with `parse_bool` (a bad spelling is an error naming it)."""
     raw = os.environ.get(name)
+    return default if raw is None or raw.strip() == "" else parse_bool(raw, name)
+
+
+def plugin_env_text(name: str, default: str | None = None) -> str | None:
+    """A plugin field's value from its environment variable (`name` must be in `PLUGIN_ENV_NAMES`)."""
+    if name not in _PLUGIN_ENV:
+        raise KeyError(f"{name} is not in cadence.settings.PLUGIN_ENV_NAMES; add it there.")
+    return env_text(name, default)
+
+
+def plugin_env_bool(name: str, default: bool = False) -> bool:
+    """`plugin_env_text` read with `parse_bool`."""
+    raw = plugin_env_text(name)
     return default if raw is None or raw.strip() == "" else parse_bool(raw, name)
 
 

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..settings import env_text
 from ..settings import parse_bool as as_bool
+from ..settings import plugin_env_bool, plugin_env_text
 from .fsdp import find_module_class
 
 # Plugin field -> dotted key of the DeepSpeed config that it mirrors.
@@ -177,39 +177,39 @@ class DeepSpeedPlugin:
 
     def __post_init__(self) -> None:
         if self.gradient_accumulation_steps is None:
-            raw = env_text("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "auto")
+            raw = plugin_env_text("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "auto")
             self.gradient_accumulation_steps = int(raw) if raw.isdigit() else raw
         if self.gradient_clipping is None:
-            raw = env_text("ACCELERATE_GRADIENT_CLIPPING", "auto")
+            raw = plugin_env_text("ACCELERATE_GRADIENT_CLIPPING", "auto")
             self.gradient_clipping = raw if raw == "auto" else float(raw)
         if self.zero_stage is None:
-            self.zero_stage = int(env_text("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+            self.zero_stage = int(plugin_env_text("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
         if self.offload_optimizer_device is None:
-            self.offload_optimizer_device = env_text(
+            self.offload_optimizer_device = plugin_env_text(
                 "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none"
             )
         if self.offload_param_device is None:
-            self.offload_param_device = env_text(
+            self.offload_param_device = plugin_env_text(
                 "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none"
             )
         if self.offload_optimizer_nvme_path is None:
-            self.offload_optimizer_nvme_path = env_text(
+            self.offload_optimizer_nvme_path = plugin_env_text(
                 "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "none"
             )
         if self.offload_param_nvme_path is None:
-            self.offload_param_nvme_path = env_text(
+            self.offload_param_nvme_path = plugin_env_text(
                 "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", "none"
             )
         if self.zero3_save_16bit_model is None:
-            self.zero3_save_16bit_model = (
-                env_text("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true"
+            self.zero3_save_16bit_model = plugin_env_bool(
+                "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"
             )
         if self.enable_msamp is None:
-            self.enable_msamp = env_text("ACCELERATE_FP8_BACKEND") == "MSAMP"
+            self.enable_msamp = plugin_env_text("ACCELERATE_FP8_BACKEND") == "MSAMP"
         if self.msamp_opt_level is None:
-            self.msamp_opt_level = env_text("ACCELERATE_FP8_OPT_LEVEL", "O1")
+            self.msamp_opt_level = plugin_env_text("ACCELERATE_FP8_OPT_LEVEL", "O1")
         if self.hf_ds_config is None:
-            self.hf_ds_config = env_text("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+            self.hf_ds_config = plugin_env_text("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
 
         given = self.hf_ds_config
         if isinstance(given, (dict, DeepSpeedConfig)) or (
@@ -221,7 +221,9 @@ class DeepSpeedPlugin:
         self.deepspeed_config = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # keep DeepSpeed quiet on stdout
         if self.zero3_init_flag is None:
-            raw = env_text("ACCELERATE_DEEPSPEED_ZERO3_INIT", str(self.hf_ds_config.is_zero3()))
+            raw = plugin_env_text(
+                "ACCELERATE_DEEPSPEED_ZERO3_INIT", str(self.hf_ds_config.is_zero3())
+            )
             self.zero3_init_flag = as_bool(raw, "ACCELERATE_DEEPSPEED_ZERO3_INIT")
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             warnings.warn(
@@ -452,7 +454,9 @@ class DeepSpeedPlugin:
     def set_moe_leaf_modules(self, model: Any) -> None:
         """Make the MoE layer classes in `transformer_moe_cls_names` ZeRO-3 leaf modules."""
         if self.transformer_moe_cls_names is None:
-            self.transformer_moe_cls_names = env_text("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES")
+            self.transformer_moe_cls_names = plugin_env_text(
+                "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES"
+            )
         if self.transformer_moe_cls_names is None:
             return
         from deepspeed.utils import set_z3_leaf_modules

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from ..input_errors import rank_prefix
-from ..settings import env_bool, env_text
 from ..settings import parse_bool as as_bool
+from ..settings import plugin_env_bool, plugin_env_text
 
 logger = logging.getLogger(__name__)
 
@@ -126,19 +126,19 @@ class FullyShardedDataParallelPlugin:
     def __post_init__(self) -> None:
         notes: list[str] = []
         if self.fsdp_version is None:
-            self.fsdp_version = int(env_text("FSDP_VERSION", "1"))
+            self.fsdp_version = int(plugin_env_text("FSDP_VERSION", "1"))
         self.fsdp_version = int(self.fsdp_version)
         if self.fsdp_version not in (1, 2):
             raise ValueError(f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}.")
         v2 = self.fsdp_version == 2
         self._resolve_sharding(notes)
         if self.cpu_offload is None:
-            self.cpu_offload = env_bool("FSDP_OFFLOAD_PARAMS")
+            self.cpu_offload = plugin_env_bool("FSDP_OFFLOAD_PARAMS")
         self.set_cpu_offload()
         self.validate_cpu_offload()
 
         if self.backward_prefetch is None:
-            self.backward_prefetch = env_text("FSDP_BACKWARD_PREFETCH")
+            self.backward_prefetch = plugin_env_text("FSDP_BACKWARD_PREFETCH")
         self.backward_prefetch = _backward_prefetch(self.backward_prefetch)
         if v2 and self.backward_prefetch is not None:
             notes.append(
@@ -151,9 +151,9 @@ class FullyShardedDataParallelPlugin:
         self._resolve_v1_only_flags(notes)
 
         if self.activation_checkpointing is None:
-            self.activation_checkpointing = env_bool("FSDP_ACTIVATION_CHECKPOINTING")
+            self.activation_checkpointing = plugin_env_bool("FSDP_ACTIVATION_CHECKPOINTING")
         if self.activation_checkpointing_offload is None:
-            self.activation_checkpointing_offload = env_bool(
+            self.activation_checkpointing_offload = plugin_env_bool(
                 "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"
             )
         if self.activation_checkpointing_offload and not self.activation_checkpointing:
@@ -164,10 +164,10 @@ class FullyShardedDataParallelPlugin:
             raise ValueError("activation_checkpointing_offload=True needs fsdp_version=2.")
 
         if self.ignored_modules is None:
-            self.ignored_modules = env_text("FSDP_IGNORED_MODULES")
+            self.ignored_modules = plugin_env_text("FSDP_IGNORED_MODULES")
 
         if self.cpu_ram_efficient_loading is None:
-            self.cpu_ram_efficient_loading = env_bool("FSDP_CPU_RAM_EFFICIENT_LOADING")
+            self.cpu_ram_efficient_loading = plugin_env_bool("FSDP_CPU_RAM_EFFICIENT_LOADING")
         else:
             # transformers reads this variable to load weights on the main process only.
             os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading)
@@ -193,7 +193,7 @@ class FullyShardedDataParallelPlugin:
         if self.sharding_strategy is not None and v2:
             notes.append("sharding_strategy is deprecated: use reshard_after_forward.")
         if not v2 and self.sharding_strategy is None:
-            self.sharding_strategy = env_text("FSDP_SHARDING_STRATEGY", "FULL_SHARD")
+            self.sharding_strategy = plugin_env_text("FSDP_SHARDING_STRATEGY", "FULL_SHARD")
         if self.sharding_strategy is not None:
             self.sharding_strategy = _sharding_strategy(self.sharding_strategy)
         if self.reshard_after_forward is None:
@@ -201,7 +201,7 @@ class FullyShardedDataParallelPlugin:
                 # FULL_SHARD frees parameters after forward; SHARD_GRAD_OP keeps them until backward.
                 self.reshard_after_forward = self.sharding_strategy.name != "SHARD_GRAD_OP"
             elif self.sharding_strategy is None:
-                self.reshard_after_forward = env_text(
+                self.reshard_after_forward = plugin_env_text(
                     "FSDP_RESHARD_AFTER_FORWARD", "true" if v2 else "FULL_SHARD"
                 )
         if isinstance(self.reshard_after_forward, str):
@@ -231,7 +231,7 @@ class FullyShardedDataParallelPlugin:
         )
 
         if self.auto_wrap_policy is None:
-            self.auto_wrap_policy = env_text("FSDP_AUTO_WRAP_POLICY", "NO_WRAP")
+            self.auto_wrap_policy = plugin_env_text("FSDP_AUTO_WRAP_POLICY", "NO_WRAP")
         if not isinstance(self.auto_wrap_policy, str):
             return
         name = self.auto_wrap_policy.upper()
@@ -243,7 +243,7 @@ class FullyShardedDataParallelPlugin:
         if name == "TRANSFORMER_BASED_WRAP":
             self.auto_wrap_policy = transformer_auto_wrap_policy
             if self.transformer_cls_names_to_wrap is None:
-                self.transformer_cls_names_to_wrap = env_text("FSDP_TRANSFORMER_CLS_TO_WRAP")
+                self.transformer_cls_names_to_wrap = plugin_env_text("FSDP_TRANSFORMER_CLS_TO_WRAP")
             if isinstance(self.transformer_cls_names_to_wrap, str):
                 self.transformer_cls_names_to_wrap = [
                     n.strip() for n in self.transformer_cls_names_to_wrap.split(",") if n.strip()
@@ -251,7 +251,7 @@ class FullyShardedDataParallelPlugin:
         elif name == "SIZE_BASED_WRAP":
             self.auto_wrap_policy = size_based_auto_wrap_policy
             if self.min_num_params is None:
-                self.min_num_params = int(env_text("FSDP_MIN_NUM_PARAMS", "0"))
+                self.min_num_params = int(plugin_env_text("FSDP_MIN_NUM_PARAMS", "0"))
             elif not isinstance(self.min_num_params, int) or isinstance(self.min_num_params, bool):
                 raise ValueError(
                     f"min_num_params must be an integer, got {self.min_num_params!r} "
@@ -269,7 +269,7 @@ class FullyShardedDataParallelPlugin:
                     notes.append(f"{name} does not apply to FSDP2; ignored.")
                 setattr(self, name, None)
             elif value is None:
-                setattr(self, name, env_bool("FSDP_" + name.upper()))
+                setattr(self, name, plugin_env_bool("FSDP_" + name.upper()))
         if v2:
             if self.forward_prefetch is not None and self.forward_prefetch is not False:
                 raise ValueError(
@@ -277,7 +277,7 @@ class FullyShardedDataParallelPlugin:
                 )
             self.forward_prefetch = None
         elif self.forward_prefetch is None:
-            self.forward_prefetch = env_bool("FSDP_FORWARD_PREFETCH")
+            self.forward_prefetch = plugin_env_bool("FSDP_FORWARD_PREFETCH")
 
     # -- public helpers (same names as the reference) -----------------------------------------------
     def set_state_dict_type(self, state_dict_type: Any = None) -> None:
@@ -294,7 +294,7 @@ class FullyShardedDataParallelPlugin:
             self.state_dict_type = state_dict_type
         if self.state_dict_type is None:
             default = "FULL_STATE_DICT" if self.fsdp_version == 1 else "SHARDED_STATE_DICT"
-            self.state_dict_type = env_text("FSDP_STATE_DICT_TYPE", default)
+            self.state_dict_type = plugin_env_text("FSDP_STATE_DICT_TYPE", default)
         if isinstance(self.state_dict_type, str):
             text = self.state_dict_type.strip().upper()
             if text.isdigit():

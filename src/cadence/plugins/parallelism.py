@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..enums import DistributedType
-from ..settings import env_text, resolve_flag
+from ..settings import plugin_env_text, resolve_flag
 
 # Outermost dimension first: replicas, then shards, then the dimensions whose ranks see the same batch.
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
@@ -49,7 +49,9 @@ class TorchContextParallelConfig:
 
     def __post_init__(self) -> None:
         if self.cp_comm_strategy is None:
-            self.cp_comm_strategy = env_text("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather")
+            self.cp_comm_strategy = plugin_env_text(
+                "PARALLELISM_CONFIG_CP_COMM_STRATEGY", "allgather"
+            )
         if self.cp_comm_strategy not in ("allgather", "alltoall"):
             raise ValueError(
                 f"cp_comm_strategy must be 'allgather' or 'alltoall', got {self.cp_comm_strategy!r}."
@@ -66,10 +68,10 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self) -> None:
         if self.sp_seq_length_is_variable is None:
-            raw = env_text("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
+            raw = plugin_env_text("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "true")
             self.sp_seq_length_is_variable = raw.lower() == "true"
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
-            raw = env_text("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
+            raw = plugin_env_text("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
             if raw is None:
                 raise ValueError(
                     "sp_seq_length_is_variable=False needs sp_seq_length (or the environment variable "
@@ -77,11 +79,13 @@ class DeepSpeedSequenceParallelConfig:
                 )
             self.sp_seq_length = None if raw == "None" else int(raw)
         if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = env_text("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
+            self.sp_attn_implementation = plugin_env_text(
+                "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"
+            )
 
 
 def _env_size(name: str) -> int:
-    return int(env_text(f"PARALLELISM_CONFIG_{name.upper()}", "1"))
+    return int(plugin_env_text(f"PARALLELISM_CONFIG_{name.upper()}", "1"))
 
 
 @dataclass
@@ -124,9 +128,9 @@ class ParallelismConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{attr} must be an integer of at least 1, got {value!r}.")
         if self.cp_backend is None:
-            self.cp_backend = env_text("PARALLELISM_CONFIG_CP_BACKEND", "torch")
+            self.cp_backend = plugin_env_text("PARALLELISM_CONFIG_CP_BACKEND", "torch")
         if self.sp_backend is None:
-            self.sp_backend = env_text("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
+            self.sp_backend = plugin_env_text("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
         if self.cp_backend != "torch":
             raise ValueError(f"cp_backend must be 'torch', got {self.cp_backend!r}.")
         if self.sp_backend != "deepspeed":
