@@ -34,6 +34,40 @@ def _environment(**values: str):
                 os.environ[key] = value
 
 
+@contextmanager
+def _nothing():
+    yield None, None
+
+
+def _check_counts(
+    num_processes: int,
+    num_nodes: Any = 1,
+    node_rank: Any = 0,
+    port: Any = 0,
+    max_restarts: Any = 0,
+    monitor_interval: Any = 0.1,
+    cpu_only: bool = False,
+) -> None:
+    """Refuse counts that cannot work (or would fork without end) before any process starts."""
+    from .commands.hardware import usable_cpu_count, visible_gpu_count
+    from .commands.launch_bounds import OVERSUBSCRIBE_ENV, notebook_launcher_problems
+    from .state import env_flag
+
+    problems = notebook_launcher_problems(
+        num_processes,
+        num_nodes,
+        node_rank,
+        port,
+        max_restarts,
+        monitor_interval,
+        0 if cpu_only else visible_gpu_count(),
+        usable_cpu_count(),
+        env_flag(OVERSUBSCRIBE_ENV),
+    )
+    if problems:
+        raise ValueError("Cannot launch: " + "; ".join(problems) + ". Nothing was started.")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -80,6 +114,8 @@ def _launch_with_elastic_agent(
         failures_from_error_files,
         format_failure_summary,
     )
+    from .commands.rendezvous_store import store_bound_to
+    from .diagnostics.signing import JOB_TOKEN_ENV, new_job_token
 
     log_dir = tempfile.mkdtemp(prefix="cadence-launch-")
     rdzv_configs = dict(rdzv_conf or {})
@@ -99,11 +135,20 @@ def _launch_with_elastic_agent(
         log_line_prefix_template=log_line_prefix_template,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
-    with _environment(
-        **{LAUNCH_CONFIG_ENV: encode_launch_config(settings)},
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+    # The watchdog's signing secret goes to the forked workers through the environment only. Several
+    # machines must share one: only a CADENCE_JOB_TOKEN set by the user can be (else: unsigned records).
+    token = os.environ.get(JOB_TOKEN_ENV) or (new_job_token() if num_nodes == 1 else "")
+    # The static rendezvous keeps its store on this port: listen on the master address only.
+    hosts_store = rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint
+    with (
+        _environment(
+            **{LAUNCH_CONFIG_ENV: encode_launch_config(settings)},
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+            **({JOB_TOKEN_ENV: token} if token else {}),
+        ),
+        store_bound_to(master_addr, int(port)) if hosts_store else _nothing(),
     ):
         try:
             elastic_launch(config=config, entrypoint=function)(*args)
@@ -153,6 +198,7 @@ def notebook_launcher(
         ):
             function(*args)
         return
+    _check_counts(num_processes, num_nodes, node_rank, use_port, max_restarts, monitor_interval)
     _refuse_initialised_cuda(num_processes)
     import torch
 
@@ -188,6 +234,7 @@ def debug_launcher(
     """Run `function(*args)` on `num_processes` CPU processes (gloo), to debug distributed code locally."""
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}.")
+    _check_counts(num_processes, cpu_only=True)
     settings = {
         "num_processes": num_processes,
         "use_cpu": True,

@@ -21,8 +21,8 @@ from .callsite import main_thread_location
 from .channel import SideChannel
 from .ledger import ledger
 from .settings import WatchSettings
-from .stopping import stop_process
-from .verdict import judge
+from .stopping import print_report, stop_process
+from .verdict import judge, stall_report
 
 # Ranks that read everyone's state per tick, about (so the store is not flooded on large jobs).
 _READERS_PER_TICK = 8
@@ -42,6 +42,7 @@ class Watchdog:
         self.final_phase: dict[str, Any] | None = None  # set when the script exits or fails
         self._ticks = 0
         self._store_failing_since: float | None = None
+        self._stalls_seen: set[int] = set()  # collectives whose stall this rank has dealt with
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cadence-watchdog", daemon=True)
 
@@ -121,7 +122,10 @@ class Watchdog:
         states[self.rank] = mine
         verdict = judge(self.rank, states, time.time(), self.settings)
         still = ledger.waiting_in()
-        if verdict is None or still is None or still.sequence != mine["seq"]:
+        if still is None or still.sequence != mine["seq"]:
+            return
+        if verdict is None:
+            self._report_stall(states)
             return
         reason = {
             "kind": "report",
@@ -134,6 +138,20 @@ class Watchdog:
         }
         standing = self.channel.claim_stop(reason)
         stop_process(self.rank, standing, reporter=standing == reason)
+
+    def _report_stall(self, states: list[dict[str, Any] | None]) -> None:
+        """Once per stalled collective in the whole job: say where every rank is, and go on."""
+        seq = states[self.rank]["seq"]
+        if seq in self._stalls_seen:
+            return
+        report = stall_report(self.rank, states, time.time(), self.settings)
+        if report is None:
+            return
+        self._stalls_seen.add(seq)
+        # The first rank to claim this stall prints it; the others stay quiet.
+        _, ours = self.channel.claim(f"stall/{seq}", {"rank": self.rank, "time": time.time()})
+        if ours:
+            print_report(f"[rank {self.rank}] {report}")
 
     def _my_turn(self) -> bool:
         stride = max(1, math.ceil(self.world_size / _READERS_PER_TICK))
