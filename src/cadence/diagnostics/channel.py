@@ -41,13 +41,17 @@ class SideChannel:
         return cls(store, channel_prefix(generation))
 
     # -- signed values ---------------------------------------------------------------------------
+    def _signed_name(self, key: str) -> str:
+        # The key as the store spells it below the process group's own prefix (PrefixStore adds "/").
+        return f"{self._prefix}/{key}"
+
     def _sealed(self, key: str, record: dict[str, Any]) -> str:
-        return self.signer.sign(self._prefix + key, json.dumps(record))
+        return self.signer.sign(self._signed_name(key), json.dumps(record))
 
     def _opened(self, key: str, value: Any) -> dict[str, Any] | None:
         if not value:
             return None
-        payload = self.signer.open(self._prefix + key, value)
+        payload = self.signer.open(self._signed_name(key), value)
         if payload is None:
             return None
         try:

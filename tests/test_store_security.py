@@ -1,0 +1,192 @@
+"""The rendezvous store of a `cadence launch` job, seen from an outsider: where it listens, and whether a
+process without the job's token can stop the job through it.
+
+Real jobs (`cadence launch --cpu`, 2 gloo processes); the outsider is this test process, which connects
+to the job's TCPStore as any local process could, lists its keys and writes forged watchdog records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from cadence.commands.hardware import local_address_towards
+from cadence.diagnostics.signing import JOB_TOKEN_ENV, RecordSigner
+
+CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
+
+# Each rank says where the job's store is, then trains until the test says "go on", then a few more
+# steps (so its watchdog reads the store several times after the forgery), then exits 0.
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time, torch
+    from cadence import Accelerator
+
+    out = sys.argv[1]
+    acc = Accelerator(cpu=True)
+    rank = acc.process_index
+    info = {"port": int(os.environ["MASTER_PORT"]), "run": os.environ.get("TORCHELASTIC_RUN_ID"),
+            "pid": os.getpid()}
+    if rank == 0 and os.environ.get("LEAK_TOKEN_FOR_CONTROL"):
+        info["token"] = os.environ.get("CADENCE_JOB_TOKEN")
+    open(f"{out}/rank{rank}.json.tmp", "w").write(json.dumps(info))
+    os.replace(f"{out}/rank{rank}.json.tmp", f"{out}/rank{rank}.json")
+    while not os.path.exists(f"{out}/go_on"):
+        acc.gather(torch.ones(1))
+        time.sleep(0.05)
+    # Several watchdog ticks (CADENCE_STUCK_TIMEOUT=2: a tick every 0.5 s) with the forgery in place.
+    for _ in range(60):
+        acc.gather(torch.ones(1))
+        time.sleep(0.05)
+    acc.wait_for_everyone()
+    open(f"{out}/done{rank}", "w").write("ok")
+    """
+)
+
+
+def _start_job(tmp_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    (tmp_path / "job.py").write_text(SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CADENCE_STUCK_TIMEOUT="2", **(extra_env or {}))
+    env.pop(JOB_TOKEN_ENV, None)
+    return subprocess.Popen(
+        [*CADENCE, "launch", "--cpu", "--num_processes", "2", "--quiet", "job.py", str(tmp_path)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _wait_for_ranks(tmp_path: Path, job: subprocess.Popen) -> list[dict]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        files = [tmp_path / f"rank{r}.json" for r in range(2)]
+        if all(f.exists() for f in files):
+            return [json.loads(f.read_text()) for f in files]
+        if job.poll() is not None:
+            raise AssertionError(f"the job ended early:\n{job.stdout.read()}")
+        time.sleep(0.1)
+    _stop(job)
+    raise AssertionError("the job did not start")
+
+
+def _finish(job: subprocess.Popen, tmp_path: Path) -> str:
+    (tmp_path / "go_on").write_text("")
+    try:
+        output, _ = job.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        _stop(job)
+        raise AssertionError("the job did not end") from None
+    return output
+
+
+def _stop(job: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.communicate(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(job.pid, signal.SIGKILL)
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """Local addresses of the sockets listening on `port`, from the kernel's socket tables."""
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                # The kernel prints each 32-bit word in host (little-endian) order.
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                family = socket.AF_INET if width == 8 else socket.AF_INET6
+                found.append(socket.inet_ntop(family, words))
+    return found
+
+
+def _outsider_store(port: int):
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+
+
+def _watch_prefix(store) -> str:
+    """The full prefix of the watchdog's keys, found as an outsider would: by listing the keys."""
+    for _ in range(600):  # until rank 0's watchdog has published (its first tick)
+        keys = [k for k in store.list_keys() if "cadence/watch/" in k and k.endswith("/rank/0")]
+        if keys:
+            return keys[0][: -len("rank/0")]
+        time.sleep(0.1)
+    raise AssertionError("the watchdog's keys never appeared in the store")
+
+
+FORGED_STOP = {"kind": "failed", "rank": 1, "error": "ForgedByOutsider: stop", "site": "x.py:1"}
+
+
+def _forge(store, prefix: str, signer: RecordSigner | None) -> None:
+    """What an outsider writes: a stop record, and rank 1's state claiming another collective."""
+    stop = json.dumps({**FORGED_STOP, "time": time.time()})
+    state = json.dumps(
+        {"rank": 1, "beat": time.time() + 3600, "phase": "collective", "seq": 1, "op": "forged_op",
+         "since": 0, "site": "forged.py:1", "done": 0}
+    )  # fmt: skip
+    if signer is None:  # no secret: unsigned, and with a made-up signature
+        store.set(prefix + "stop", stop)
+        store.set(prefix + "rank/1", "0" * 64 + "." + state)
+    else:
+        # Signed as the watchdog signs: over its own key, below the process group's store prefix.
+        own_key = prefix[prefix.index("cadence/watch/") :] + "stop"
+        store.set(prefix + "stop", signer.sign(own_key, stop))
+
+
+def test_single_machine_store_listens_on_loopback_only(tmp_path):
+    job = _start_job(tmp_path)
+    try:
+        port = _wait_for_ranks(tmp_path, job)[0]["port"]
+        addresses = _listening_addresses(port)
+        assert addresses, f"nothing listens on the store's port {port}"
+        assert set(addresses) == {"127.0.0.1"}, addresses
+        outside = local_address_towards("192.0.2.1", 9)  # a documentation address: never sent to
+        if outside and not outside.startswith("127."):
+            with pytest.raises(OSError), socket.create_connection((outside, port), timeout=5):
+                pass
+    finally:
+        output = _finish(job, tmp_path)
+    assert job.returncode == 0, output
+
+
+def test_an_outsider_without_the_token_cannot_stop_the_job(tmp_path):
+    job = _start_job(tmp_path)
+    try:
+        port = _wait_for_ranks(tmp_path, job)[0]["port"]
+        store = _outsider_store(port)
+        prefix = _watch_prefix(store)
+        _forge(store, prefix, signer=None)
+    finally:
+        output = _finish(job, tmp_path)
+    assert job.returncode == 0, output
+    assert "ForgedByOutsider" not in output and "forged_op" not in output
+    assert all((tmp_path / f"done{r}").exists() for r in range(2))
+
+
+def test_the_same_forgery_signed_with_the_job_token_does_stop_it(tmp_path):
+    """Control: the forged record above is the one the watchdog acts on when it carries a valid
+    signature, so the previous test shows the signature check, not a record the watchdog ignores anyway."""
+    job = _start_job(tmp_path, {"LEAK_TOKEN_FOR_CONTROL": "1"})
+    try:
+        ranks = _wait_for_ranks(tmp_path, job)
+        store = _outsider_store(ranks[0]["port"])
+        _forge(store, _watch_prefix(store), RecordSigner(ranks[0]["token"].encode()))
+    finally:
+        output = _finish(job, tmp_path)
+    assert job.returncode != 0
+    assert "because rank 1 failed: ForgedByOutsider" in output, output
