@@ -190,3 +190,19 @@ def test_the_same_forgery_signed_with_the_job_token_does_stop_it(tmp_path):
         output = _finish(job, tmp_path)
     assert job.returncode != 0
     assert "because rank 1 failed: ForgedByOutsider" in output, output
+
+
+def test_records_verify_only_under_their_own_key_and_token():
+    signer = RecordSigner(b"a" * 32)
+    sealed = signer.sign("cadence/watch/run/0/0//stop", '{"kind": "failed"}')
+    assert signer.open("cadence/watch/run/0/0//stop", sealed) == '{"kind": "failed"}'
+    assert signer.open("cadence/watch/run/0/0//stop", sealed.encode()) == '{"kind": "failed"}'
+    # Replayed under another key (another rank, an earlier generation), altered, or another job's.
+    assert signer.open("cadence/watch/run/0/1//stop", sealed) is None
+    assert signer.open("cadence/watch/run/0/0//stop", sealed.replace("failed", "report")) is None
+    assert RecordSigner(b"b" * 32).open("cadence/watch/run/0/0//stop", sealed) is None
+    for junk in ('{"kind": "failed"}', "", ".", "é" * 70 + '.{"a": 1}', b"\xff\xfe.{}"):
+        assert signer.open("cadence/watch/run/0/0//stop", junk) is None
+    # No token (plain torchrun, your own process group): records are not signed and not checked.
+    unsigned = RecordSigner(None)
+    assert unsigned.sign("k", "{}") == "{}" and unsigned.open("k", "{}") == "{}"

@@ -212,7 +212,17 @@ def stall_report(
         r for r, s in enumerate(states)
         if r != my_rank and (s is None or s.get("phase") != "collective" or s["seq"] != seq)
     ]  # fmt: skip
-    _, details = _grouped(states, now, tick, set(lagging))
+    # Grouped by what each rank does (not by how long it has waited), the ranks that hold the job up first.
+    groups: dict[str, list[int]] = {}
+    for rank, state in enumerate(states):
+        groups.setdefault(_what(state, now, tick)[0], []).append(rank)
+    ordered = sorted(groups.items(), key=lambda item: (not set(item[1]) & set(lagging), item[1][0]))
+    details = "\n".join(
+        f"  {rank_list(ranks)} {'wait' if len(ranks) > 1 else 'waits'} {short}"
+        if short.startswith("in ")
+        else f"  {rank_list(ranks)} {short}"
+        for short, ranks in ordered
+    )
     deadline = settings.deadline(op, me.get("timeout"))
     if deadline is None:
         then = "the stuck-rank stop is off, so the job waits as long as the backend lets it"
