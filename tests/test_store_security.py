@@ -206,3 +206,48 @@ def test_records_verify_only_under_their_own_key_and_token():
     # No token (plain torchrun, your own process group): records are not signed and not checked.
     unsigned = RecordSigner(None)
     assert unsigned.sign("k", "{}") == "{}" and unsigned.open("k", "{}") == "{}"
+
+
+NOTEBOOK = textwrap.dedent(
+    """
+    import json, os, sys
+    from cadence import notebook_launcher
+
+    def train(out):
+        from cadence import Accelerator
+        acc = Accelerator(cpu=True)
+        info = {"port": int(os.environ["MASTER_PORT"]), "token": os.environ.get("CADENCE_JOB_TOKEN"),
+                "listening": open("/proc/net/tcp").read() + open("/proc/net/tcp6").read()}
+        open(f"{out}/nb{acc.process_index}.json", "w").write(json.dumps(info))
+        acc.wait_for_everyone()
+
+    if __name__ == "__main__":
+        notebook_launcher(train, (sys.argv[1],), num_processes=2, use_port=sys.argv[2])
+    """
+)
+
+
+def test_notebook_launcher_workers_share_a_fresh_token_and_a_loopback_store(tmp_path):
+    from harness import free_port
+
+    (tmp_path / "nb.py").write_text(NOTEBOOK)
+    env = {k: v for k, v in os.environ.items() if k != JOB_TOKEN_ENV}
+    tokens = []
+    for _ in range(2):
+        result = subprocess.run(
+            [sys.executable, "nb.py", str(tmp_path), str(free_port())], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs = [json.loads((tmp_path / f"nb{r}.json").read_text()) for r in range(2)]
+        assert runs[0]["token"] == runs[1]["token"] and len(runs[0]["token"]) == 64
+        listening = []
+        for line in runs[0]["listening"].splitlines():
+            fields = line.split()
+            if len(fields) > 3 and ":" in fields[1] and fields[3] == "0A":
+                address, hex_port = fields[1].split(":")
+                if int(hex_port, 16) == runs[0]["port"]:
+                    listening.append(address)
+        assert listening == ["0100007F"], listening  # 127.0.0.1
+        tokens.append(runs[0]["token"])
+    assert tokens[0] != tokens[1]  # a new job, a new token
