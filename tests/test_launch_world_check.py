@@ -11,9 +11,8 @@ import subprocess
 import sys
 import textwrap
 
-from harness import free_port
-
 from cadence.launch_config import LAUNCH_CONFIG_ENV, encode_launch_config
+from harness import free_port
 
 SCRIPT = textwrap.dedent(
     """
