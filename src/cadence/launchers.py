@@ -148,7 +148,7 @@ def _launch_with_elastic_agent(
             OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
             **({JOB_TOKEN_ENV: token} if token else {}),
         ),
-        store_bound_to(master_addr, int(port)) if hosts_store else _nothing(),
+        store_bound_to(master_addr, int(port), num_nodes > 1) if hosts_store else _nothing(),
     ):
         try:
             elastic_launch(config=config, entrypoint=function)(*args)

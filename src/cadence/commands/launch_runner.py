@@ -107,9 +107,20 @@ def _store_host(plan: LaunchPlan) -> str | None:
     """The address this launcher's store listens on, when this machine hosts it (else None)."""
     if plan.num_machines == 1:
         return "127.0.0.1"
-    if plan.value("machine_rank") == 0 and plan.value("rdzv_backend") in ("static", "c10d"):
+    backend = plan.value("rdzv_backend")
+    if backend == "static" and plan.value("machine_rank") == 0:
+        return plan.value("main_process_ip")
+    if backend == "c10d" and _rdzv_conf(plan).get("is_host") in ("1", "true", "True"):
         return plan.value("main_process_ip")
     return None
+
+
+def _rdzv_conf(plan: LaunchPlan) -> dict[str, str]:
+    args = plan.torchrun_args
+    if "--rdzv_conf" not in args:
+        return {}
+    text = args[args.index("--rdzv_conf") + 1]
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
 
 
 def _run_elastic(plan: LaunchPlan) -> int:
@@ -120,7 +131,8 @@ def _run_elastic(plan: LaunchPlan) -> int:
         return _run_elastic_agent(plan)
     from .rendezvous_store import store_bound_to
 
-    with store_bound_to(host, plan.value("main_process_port")) as (store, why_not):
+    port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
+    with store_bound_to(host, port, other_machines) as (store, why_not):
         if store is None and not plan.value("quiet"):
             _say(
                 f"cadence launch: the rendezvous store listens on every interface: {why_not} "

@@ -45,17 +45,23 @@ def bound_listener(address: str, port: int) -> socket.socket:
 
 
 @contextmanager
-def store_bound_to(host: str, port: int) -> Iterator[tuple[Any, str | None]]:
+def store_bound_to(
+    host: str, port: int, other_machines: bool = False
+) -> Iterator[tuple[Any, str | None]]:
     """Within this block, a TCPStore server for `port` runs in this process on `host`'s address only.
 
     Yields (the store, None), or (None, why not) when the address is not one of this machine's (a
-    NAT-ed or hostname-only main address): torch then hosts the store as it would without Cadence.
+    NAT-ed main address), or is a loopback address other machines must reach (a host name that resolves
+    to 127.0.1.1 here): torch then hosts the store as it would without Cadence.
     """
     from torch.distributed import TCPStore
 
     address = resolve_address(host)
     if address is None:
         yield None, f"{host!r} does not resolve to an address"
+        return
+    if other_machines and ipaddress.ip_address(address).is_loopback:
+        yield None, f"{host!r} resolves to {address} here, which the other machines cannot reach"
         return
     try:
         listener = bound_listener(address, port)
