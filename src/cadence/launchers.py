@@ -139,7 +139,9 @@ def _launch_with_elastic_agent(
     # machines must share one: only a CADENCE_JOB_TOKEN set by the user can be (else: unsigned records).
     token = os.environ.get(JOB_TOKEN_ENV) or (new_job_token() if num_nodes == 1 else "")
     # The static rendezvous keeps its store on this port: listen on the master address only.
-    hosts_store = rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint
+    hosts_store = (
+        rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint and int(port) != 0
+    )
     with (
         _environment(
             **{LAUNCH_CONFIG_ENV: encode_launch_config(settings)},
@@ -181,7 +183,18 @@ def notebook_launcher(
     """Run `function(*args)` in `num_processes` processes (forked) from a notebook or script.
 
     Without `num_processes` (or with 1) the function runs in this process. Create the Accelerator
-    inside `function`.
+    inside `function`. Before anything starts, `num_processes` is checked against this machine: at
+    most its GPUs with CUDA, else 8 processes per CPU core (``CADENCE_OVERSUBSCRIBE=1`` lifts that).
+    The workers get a fresh ``CADENCE_JOB_TOKEN`` (on one machine; several machines need the same one
+    set by you) and, with the static rendezvous, a store listening on `master_addr` only.
+
+    Example:
+
+    ```python
+    from cadence import notebook_launcher
+
+    notebook_launcher(training_function, (model,), num_processes=2)
+    ```
     """
     from .state import resolve_mixed_precision
 

@@ -299,7 +299,8 @@ class _Planner:
         port = self.settings["main_process_port"]
         if port.value is not None and not 0 <= port.value <= 65535:
             self.errors.append(
-                f"--main_process_port {port.value} is not a TCP port (0-65535); pass a port such as 29500, or 0 for a free one"
+                f"--main_process_port {port.value} is not a TCP port (0-65535); pass a port such as "
+                "29500, or 0 for a free one"
             )
         elif port.value is None and not one_machine:
             port = Setting(29500, DEFAULT)
