@@ -54,7 +54,8 @@ def line_of(marker: str) -> int:
 def run_job(
     tmp_path: Path, mode: str, env: dict[str, str], release_on_report: bool
 ) -> tuple[int, str]:
-    """Run 3 ranks; when the stall report appears, release rank 2 (if asked). Returns (exit code, output)."""
+    """Run 3 ranks; when a stall report names rank 2 where it waits, release it (if asked).
+    Returns (exit code, output)."""
     (tmp_path / "job.py").write_text(SCRIPT)
     job = subprocess.Popen(
         [*CADENCE, "launch", "--cpu", "--num_processes", "3", "--quiet", "job.py", str(tmp_path), mode],
@@ -66,7 +67,7 @@ def run_job(
     def read() -> None:
         for line in job.stdout:
             lines.append(line)
-            if release_on_report and REPORT in line:
+            if release_on_report and f"rank 2 is at job.py:{line_of('# AWAY')}" in line:
                 (tmp_path / "release").write_text("")
 
     reader = threading.Thread(target=read, daemon=True)
@@ -88,10 +89,13 @@ def run_job(
 
 
 def assert_report_names_every_rank(output: str, call_marker: str, operation: str) -> None:
-    assert output.count(REPORT) == 1, output  # once per stall, from one rank
-    report = output[output.index(REPORT) :]
+    # Once per stall, from one rank. (A loaded machine may stall elsewhere too: those are other stalls.)
+    reports = [REPORT + chunk for chunk in output.split(REPORT)[1:]]
+    away = f"rank 2 is at job.py:{line_of('# AWAY')} (not in a collective"
+    about_rank_2 = [r for r in reports if away in r.split("This is only a report")[0]]
+    assert len(about_rank_2) == 1, output
+    report = about_rank_2[0]
     assert "for rank 2. Where each rank is:" in report, report
-    assert f"rank 2 is at job.py:{line_of('# AWAY')} (not in a collective" in report, report
     assert re.search(
         rf"ranks 0, 1 wait in {operation} #\d+ at job\.py:{line_of(call_marker)}", report
     ), report
@@ -124,7 +128,7 @@ def test_a_rank_that_stays_away_is_reported_then_stopped_at_the_stuck_timeout(tm
     assert code != 0
     assert_report_names_every_rank(output, "# GATHER", "gather")
     stop = output.index("rank 2 did not join gather")
-    assert output.index(REPORT) < stop, output
+    assert output.index(REPORT) < stop, output  # the report came first, then the stop
     assert "stuck timeout of 4 s" in output[stop:]
 
 
