@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -256,3 +257,56 @@ def test_notebook_launcher_workers_share_a_fresh_token_and_a_loopback_store(tmp_
         assert listening == ["0100007F"], listening  # 127.0.0.1
         tokens.append(runs[0]["token"])
     assert tokens[0] != tokens[1]  # a new job, a new token
+
+
+DIFFERENT_TOKENS = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    if os.environ["RANK"] == "1":  # as if this machine had been given another secret
+        os.environ["CADENCE_JOB_TOKEN"] = "another-secret-" + "1" * 32
+    from cadence import Accelerator
+
+    out = sys.argv[1]
+    acc = Accelerator(cpu=True)
+    if acc.process_index == 1:
+        while not os.path.exists(f"{out}/release"):
+            time.sleep(0.05)
+    acc.gather(torch.ones(1))
+    """
+)
+
+
+def test_ranks_with_different_tokens_are_told_so(tmp_path):
+    from harness import free_port
+
+    (tmp_path / "job.py").write_text(DIFFERENT_TOKENS)
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", CADENCE_STALL_REPORT="1", CADENCE_STUCK_TIMEOUT="600"
+    )
+    env[JOB_TOKEN_ENV] = "first-secret-" + "0" * 32
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         f"--master_port={free_port()}", "job.py", str(tmp_path)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+
+    def read() -> None:  # in a thread, so that the wait below has a time limit
+        for line in job.stdout:
+            lines.append(line)
+            if "record verifies with this rank's CADENCE_JOB_TOKEN" in line:
+                (tmp_path / "release").write_text("")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        job.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        _stop(job)
+        raise AssertionError("the job did not end:\n" + "".join(lines)) from None
+    reader.join(timeout=30)
+    output = "".join(lines)
+    assert job.returncode == 0, output
+    assert output.count("no other rank's watchdog record verifies") == 1, output
+    assert "Give every machine the same CADENCE_JOB_TOKEN (or none)" in output

@@ -31,6 +31,8 @@ class SideChannel:
         self._store = dist.PrefixStore(prefix, store)
         self._prefix = prefix
         self.signer = signer if signer is not None else RecordSigner.from_environment()
+        # Ranks whose state was present but did not verify at the last `states()` read.
+        self.last_unverified: list[int] = []
 
     @classmethod
     def of_default_group(cls, generation: int) -> SideChannel | None:
@@ -96,7 +98,13 @@ class SideChannel:
             values = self._store.multi_get(keys)
         else:  # some rank has not started its watchdog yet: never `get` a missing key (it blocks)
             values = [self._store.get(key) if self._store.check([key]) else None for key in keys]
-        return [self._opened(key, value) for key, value in zip(keys, values)]
+        states = [self._opened(key, value) for key, value in zip(keys, values)]
+        self.last_unverified = [
+            rank
+            for rank, (value, state) in enumerate(zip(values, states))
+            if value and state is None
+        ]
+        return states
 
     def stop_reason(self) -> dict[str, Any] | None:
         return self.get("stop")
