@@ -47,6 +47,7 @@ class Watchdog:
         self._store_failing_since: float | None = None
         self._stalls_seen: set[int] = set()  # collectives whose stall this rank has dealt with
         self._foreign_reads = 0  # consecutive reads where no other rank's record verified
+        self._told_tokens_differ = False
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cadence-watchdog", daemon=True)
 
@@ -152,7 +153,8 @@ class Watchdog:
             self._foreign_reads = 0
             return
         self._foreign_reads += 1
-        if self._foreign_reads == _FOREIGN_READS_BEFORE_WARNING:
+        if self._foreign_reads == _FOREIGN_READS_BEFORE_WARNING and not self._told_tokens_differ:
+            self._told_tokens_differ = True
             print_report(
                 f"[rank {self.rank}] Cadence: no other rank's watchdog record verifies with this rank's "
                 f"{JOB_TOKEN_ENV}, so failures and stuck ranks elsewhere cannot be reported here. Give "
