@@ -179,3 +179,20 @@ def test_debug_launcher_refuses_more_than_cores_times_eight_without_oversubscrib
     monkeypatch.delenv("CADENCE_OVERSUBSCRIBE", raising=False)
     with pytest.raises(ValueError, match="CADENCE_OVERSUBSCRIBE=1"):
         debug_launcher(print, num_processes=TOO_MANY_HERE)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), 1e400, float("nan"), -1, "soon", 10**30])
+def test_watchdog_delays_are_bounded_in_every_source(bad):
+    """Workers check again (code, environment, launch config), so a job started without `cadence launch`
+    refuses the same values before it starts its process group."""
+    from cadence.diagnostics.settings import resolve_watch_settings
+
+    for explicit, launch, env in (
+        (bad, {}, {}),
+        (None, {}, {"CADENCE_STUCK_TIMEOUT": str(bad)}),
+        (None, {"stuck_timeout": bad}, {}),
+        (None, {}, {"CADENCE_STALL_REPORT": str(bad)}),
+        (None, {"stall_report": bad}, {}),
+    ):
+        with pytest.raises(ValueError, match="seconds"):
+            resolve_watch_settings(explicit, launch, env=env)
