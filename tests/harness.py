@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import secrets
 import socket
 import sys
 import time
@@ -49,10 +50,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker_main(rank: int, world_size: int, port: int, sys_path: list[str], conn: Any) -> None:
+def _worker_main(
+    rank: int, world_size: int, port: int, token: str, sys_path: list[str], conn: Any
+) -> None:
     sys.path[:] = sys_path
     if world_size > 1:
         os.environ.update(
+            # As cadence launch does: the watchdog signs its records with a per-pool secret.
+            CADENCE_JOB_TOKEN=token,
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
             LOCAL_RANK=str(rank),
@@ -99,11 +104,12 @@ class WorkerPool:
 
     def _start(self) -> None:
         port = free_port()
+        token = secrets.token_hex(32)
         for rank in range(self.world_size):
             parent, child = _CONTEXT.Pipe()
             process = _CONTEXT.Process(
                 target=_worker_main,
-                args=(rank, self.world_size, port, list(sys.path), child),
+                args=(rank, self.world_size, port, token, list(sys.path), child),
                 daemon=True,
             )
             process.start()

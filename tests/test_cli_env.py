@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.commands import hardware
+from cadence import hardware
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 

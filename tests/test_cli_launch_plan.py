@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cadence.commands.hardware import free_port
 from cadence.commands.launch_args import build_launch_parser
 from cadence.commands.launch_plan import LaunchPlanError, build_plan
+from cadence.hardware import free_port
 from cadence.settings import LAUNCH_CONFIG_ENV, read_launch_config
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]

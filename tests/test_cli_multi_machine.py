@@ -37,9 +37,24 @@ from cadence import PartialState
 state = PartialState()
 total = torch.tensor([float(state.process_index + 1)])
 dist.all_reduce(total)
+
+
+def listening(port):  # addresses of the sockets listening on `port` in this machine's network
+    found = []
+    for line in open("/proc/net/tcp").read().splitlines()[1:] + open("/proc/net/tcp6").read().splitlines()[1:]:
+        fields = line.split()
+        address, hex_port = fields[1].split(":")
+        if int(hex_port, 16) == port and fields[3] == "0A":
+            found.append(address)
+    return found
+
+
 with open(sys.argv[1], "w") as handle:
-    json.dump({"rank": state.process_index, "world": state.num_processes, "sum": total.item()}, handle)
+    json.dump({"rank": state.process_index, "world": state.num_processes, "sum": total.item(),
+               "listening": listening(int(sys.argv[2]))}, handle)
 """
+# /proc/net/tcp spells an IPv4 address as one little-endian hex word.
+MAIN_IP_HEX = "".join(f"{int(part):02X}" for part in reversed(MAIN_IP.split(".")))
 
 
 def _ip(*args: str) -> None:
@@ -90,13 +105,14 @@ def test_two_machines_form_one_world(tmp_path, two_machines, rdzv_backend, port)
             "ip", "netns", "exec", namespace, sys.executable, "-m", "cadence.commands.cli", "launch",
             "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",
             "--main_process_ip", MAIN_IP, "--main_process_port", port, "--rdzv_backend", rdzv_backend,
-            "allreduce.py", str(tmp_path / f"machine{rank}.json"),
+            "allreduce.py", str(tmp_path / f"machine{rank}.json"), port,
         ]  # fmt: skip
         launchers.append(
             subprocess.Popen(
                 command,
                 cwd=tmp_path,
-                env=_env(tmp_path),
+                # One secret shared by both machines, for the watchdog's signed records.
+                env={**_env(tmp_path), "CADENCE_JOB_TOKEN": "9f" * 32},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -115,3 +131,6 @@ def test_two_machines_form_one_world(tmp_path, two_machines, rdzv_backend, port)
     results = [json.loads((tmp_path / f"machine{rank}.json").read_text()) for rank in range(2)]
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert all(r["world"] == 2 and r["sum"] == 3.0 for r in results)
+    # The rendezvous store on the main machine listens on the main address, not on every interface.
+    main = next(r for r in results if r["rank"] == 0)
+    assert main["listening"] == [MAIN_IP_HEX], main["listening"]

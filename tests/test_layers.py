@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.precision_choice",
         "cadence.settings",
         "cadence.topology",
+        "cadence.hardware",
         "cadence.input_errors",
         "cadence.lazy_exports",
         "cadence.profiling",
@@ -56,7 +57,13 @@ LAYERS: list[tuple[str, ...]] = [
     # storage and trackers
     ("cadence.checkpointing", "cadence.checkpoint_flow", "cadence.tracking"),
     # the façade and the launchers
-    ("cadence.accelerator", "cadence.launchers", "cadence.errors"),
+    (
+        "cadence.accelerator",
+        "cadence.launchers",
+        "cadence.rendezvous_store",
+        "cadence.launch_bounds",
+        "cadence.errors",
+    ),
     # the CLI, the public re-export namespaces
     ("cadence.commands", "cadence.selftest", "cadence.utils", "cadence"),
 ]

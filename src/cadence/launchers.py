@@ -18,7 +18,11 @@ from .diagnostics.failure_report import (
     failures_from_error_files,
     format_failure_summary,
 )
-from .settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from .diagnostics.signing import JOB_TOKEN_ENV, new_job_token
+from .hardware import usable_cpu_count, visible_gpu_count
+from .launch_bounds import OVERSUBSCRIBE_ENV, notebook_launcher_problems
+from .rendezvous_store import store_bound_to
+from .settings import LAUNCH_CONFIG_ENV, encode_launch_config, env_bool
 from .state import resolve_mixed_precision
 
 
@@ -38,6 +42,36 @@ def _environment(**values: str):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextmanager
+def _nothing():
+    yield None, None
+
+
+def _check_counts(
+    num_processes: int,
+    num_nodes: Any = 1,
+    node_rank: Any = 0,
+    port: Any = 0,
+    max_restarts: Any = 0,
+    monitor_interval: Any = 0.1,
+    cpu_only: bool = False,
+) -> None:
+    """Refuse counts that cannot work (or would fork without end) before any process starts."""
+    problems = notebook_launcher_problems(
+        num_processes,
+        num_nodes,
+        node_rank,
+        port,
+        max_restarts,
+        monitor_interval,
+        0 if cpu_only else visible_gpu_count(),
+        usable_cpu_count(),
+        env_bool(OVERSUBSCRIBE_ENV),
+    )
+    if problems:
+        raise ValueError("Cannot launch: " + "; ".join(problems) + ". Nothing was started.")
 
 
 def _free_port() -> int:
@@ -99,11 +133,22 @@ def _launch_with_elastic_agent(
         log_line_prefix_template=log_line_prefix_template,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
-    with _environment(
-        **{LAUNCH_CONFIG_ENV: encode_launch_config(settings)},
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+    # The watchdog's signing secret goes to the forked workers through the environment only. Several
+    # machines must share one: only a CADENCE_JOB_TOKEN set by the user can be (else: unsigned records).
+    token = os.environ.get(JOB_TOKEN_ENV) or (new_job_token() if num_nodes == 1 else "")
+    # The static rendezvous keeps its store on this port: listen on the master address only.
+    hosts_store = (
+        rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint and int(port) != 0
+    )
+    with (
+        _environment(
+            **{LAUNCH_CONFIG_ENV: encode_launch_config(settings)},
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+            **({JOB_TOKEN_ENV: token} if token else {}),
+        ),
+        store_bound_to(master_addr, int(port), num_nodes > 1) if hosts_store else _nothing(),
     ):
         try:
             elastic_launch(config=config, entrypoint=function)(*args)
@@ -136,7 +181,18 @@ def notebook_launcher(
     """Run `function(*args)` in `num_processes` processes (forked) from a notebook or script.
 
     Without `num_processes` (or with 1) the function runs in this process. Create the Accelerator
-    inside `function`.
+    inside `function`. Before anything starts, `num_processes` is checked against this machine: at
+    most its GPUs with CUDA, else 8 processes per CPU core (``CADENCE_OVERSUBSCRIBE=1`` lifts that).
+    The workers get a fresh ``CADENCE_JOB_TOKEN`` (on one machine; several machines need the same one
+    set by you) and, with the static rendezvous, a store listening on `master_addr` only.
+
+    Example:
+
+    ```python
+    from cadence import notebook_launcher
+
+    notebook_launcher(training_function, (model,), num_processes=2)
+    ```
     """
 
     mixed_precision = resolve_mixed_precision(mixed_precision, {})
@@ -152,6 +208,7 @@ def notebook_launcher(
         ):
             function(*args)
         return
+    _check_counts(num_processes, num_nodes, node_rank, use_port, max_restarts, monitor_interval)
     _refuse_initialised_cuda(num_processes)
     import torch
 
@@ -187,6 +244,7 @@ def debug_launcher(
     """Run `function(*args)` on `num_processes` CPU processes (gloo), to debug distributed code locally."""
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}.")
+    _check_counts(num_processes, cpu_only=True)
     settings = {
         "num_processes": num_processes,
         "use_cpu": True,

@@ -152,6 +152,8 @@ def build_launch_parser(
     add(resources, "--num_processes", type=int,
         help="Total number of processes across all machines (default: GPUs here, else 1).")  # fmt: skip
     add(resources, "--num_machines", type=int, help="Number of machines (default: 1).")
+    add(resources, "--oversubscribe", action="store_true",
+        help="Allow more than 8 CPU processes per core on a machine (refused otherwise, as a likely typo).")  # fmt: skip
     add(resources, "--num_cpu_threads_per_process", type=int,
         help="Threads per process; sets OMP_NUM_THREADS (default: cores / local processes on CPU).")  # fmt: skip
     add(

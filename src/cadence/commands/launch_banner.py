@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -68,9 +69,15 @@ def format_dry_run(plan: LaunchPlan) -> str:
     """The plan, the exact per-worker command, and the equivalent torchrun command line."""
     lines = [format_banner(plan), "", "worker environment (added to the current one):"]
     lines += [f"  {key}={shlex.quote(val)}" for key, val in sorted(plan.worker_env.items())]
+    # Never printed: the secret the watchdog signs its records with (see diagnostics/signing.py).
+    if plan.num_machines == 1 or os.environ.get("CADENCE_JOB_TOKEN"):
+        lines.append("  CADENCE_JOB_TOKEN=<secret, not shown>")
     lines += ["", "worker command:", f"  {shlex.join(plan.worker_argv())}", ""]
     if plan.multi_process:
-        lines.append("started by torch elastic (in the launcher process), as this command would:")
+        lines.append(
+            "started by torch elastic (in the launcher process, which hosts the rendezvous store on "
+            "the main address only), as this command would:"
+        )
         lines.append(
             f"  {shlex.join([sys.executable, '-m', 'torch.distributed.run', *plan.torchrun_args])}"
         )

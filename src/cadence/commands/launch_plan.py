@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import hardware, launch_bounds
 from ..precision_choice import check_precision_supported
 from ..settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from . import config_file as config_files
-from . import hardware
 from .launch_args import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     DEEPSPEED_OFFLOAD_DEVICES,
@@ -53,6 +53,7 @@ from .launch_settings import (
 __all__ = ["LaunchPlan", "LaunchPlanError", "Setting", "build_plan"]
 
 WORKER_BOOTSTRAP_MODULE = "cadence.commands.worker_bootstrap"
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 PARADIGMS = ("multi_gpu", "use_fsdp", "use_deepspeed")
 
 
@@ -170,6 +171,7 @@ class _Planner:
         self.choose_rendezvous()
         self.choose_threads()
         self.check_values()
+        self.check_bounds()
         self.check_combinations()
         self.check_target()
         problems = list(dict.fromkeys(self.errors))
@@ -297,7 +299,10 @@ class _Planner:
         one_machine = self.machines <= 1
         port = self.settings["main_process_port"]
         if port.value is not None and not 0 <= port.value <= 65535:
-            self.errors.append(f"--main_process_port {port.value} is not a TCP port (0-65535)")
+            self.errors.append(
+                f"--main_process_port {port.value} is not a TCP port (0-65535); pass a port such as "
+                "29500, or 0 for a free one"
+            )
         elif port.value is None and not one_machine:
             port = Setting(29500, DEFAULT)
         elif port.value in (None, 0) and one_machine:
@@ -324,6 +329,8 @@ class _Planner:
                 f"port {port.value} ({port.source}) is already in use on this machine; pick another "
                 "--main_process_port" + (", or 0 for any free port" if one_machine else "")
             )
+        if one_machine:
+            self.rendezvous_on_loopback()
         if not self.value("main_process_ip"):
             if not one_machine:
                 self.errors.append(
@@ -331,6 +338,26 @@ class _Planner:
                     "machine of rank 0"
                 )
             self.settings["main_process_ip"] = Setting("127.0.0.1", DEFAULT)
+
+    def rendezvous_on_loopback(self) -> None:
+        """One machine: every worker is local, so the store listens on 127.0.0.1 only (see
+        rendezvous_store), through the static rendezvous, which keeps the store on that port."""
+        ip, backend = self.settings["main_process_ip"], self.settings["rdzv_backend"]
+        if ip.value and ip.value not in LOOPBACK_ADDRESSES:
+            self.notes.append(
+                f"--main_process_ip {ip.value} ({ip.source}) is not used on one machine: the workers "
+                "meet on 127.0.0.1"
+            )
+        if backend.value != "static" and backend.value in RDZV_BACKENDS:
+            self.notes.append(
+                f"--rdzv_backend {backend.value} ({backend.source}) only matters with several machines; "
+                "one machine uses the static rendezvous on 127.0.0.1"
+            )
+            self.settings["rdzv_backend"] = Setting("static", "default: one machine")
+        if ip.value != "127.0.0.1":
+            self.settings["main_process_ip"] = Setting(
+                "127.0.0.1", "default: one machine (loopback)"
+            )
 
     def choose_threads(self) -> None:
         threads = self.settings["num_cpu_threads_per_process"]
@@ -395,6 +422,18 @@ class _Planner:
             self.errors.append(
                 f"--mixed_precision {precision} ({self.settings['mixed_precision'].source}): {err}"
             )
+
+    def check_bounds(self) -> None:
+        """Upper bounds of every count, interval and watchdog setting (see launch_bounds)."""
+        self.errors.extend(
+            launch_bounds.process_count_problems(
+                self.settings,
+                self.nproc_per_node,
+                self.device.value == "cuda",
+                hardware.usable_cpu_count(),
+            )
+        )
+        self.errors.extend(launch_bounds.value_problems(self.settings, self.env))
 
     def check_combinations(self) -> None:
         """Options that only mean something together with another one."""

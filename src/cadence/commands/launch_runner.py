@@ -22,6 +22,7 @@ from ..diagnostics.failure_report import (
     failures_from_elastic,
     format_failure_summary,
 )
+from ..diagnostics.signing import JOB_TOKEN_ENV, new_job_token
 from .launch_plan import LaunchPlan
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -38,10 +39,35 @@ def run_plan(plan: LaunchPlan) -> int:
     return _run_single(plan)
 
 
+def job_token_environment(plan: LaunchPlan) -> dict[str, str]:
+    """The secret the workers' watchdogs sign their records with, handed over in the environment only.
+
+    One machine: a fresh random token per launch (unless CADENCE_JOB_TOKEN is set). Several machines
+    must share one, and nothing but the store connects their launchers, so the user's
+    CADENCE_JOB_TOKEN is used when set; without it the records are not authenticated (said once).
+    """
+    if os.environ.get(JOB_TOKEN_ENV):
+        return {JOB_TOKEN_ENV: os.environ[JOB_TOKEN_ENV]}
+    if plan.num_machines == 1:
+        return {JOB_TOKEN_ENV: new_job_token()}
+    if not plan.value("quiet"):
+        _say(
+            f"cadence launch: {JOB_TOKEN_ENV} is not set, so the watchdog cannot authenticate its "
+            "records across machines; set it to the same random secret on every machine "
+            "(python -c 'import secrets; print(secrets.token_hex(32))')"
+        )
+    return {}
+
+
 def _run_single(plan: LaunchPlan) -> int:
     with tempfile.TemporaryDirectory(prefix="cadence-launch-") as scratch:
         error_file = os.path.join(scratch, "error.json")
-        env = {**os.environ, **plan.worker_env, "TORCHELASTIC_ERROR_FILE": error_file}
+        env = {
+            **os.environ,
+            **plan.worker_env,
+            **job_token_environment(plan),
+            "TORCHELASTIC_ERROR_FILE": error_file,
+        }
         # Own session, so a terminal's Ctrl-C reaches the worker once (forwarded below), not twice.
         worker = subprocess.Popen(plan.worker_argv(), env=env, start_new_session=True)
         received: list[int] = []
@@ -81,8 +107,45 @@ def _quiet_torch_elastic(debug: bool) -> None:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
 
 
+def _store_host(plan: LaunchPlan) -> str | None:
+    """The address this launcher's store listens on, when this machine hosts it (else None)."""
+    if plan.num_machines == 1:
+        return "127.0.0.1"
+    backend = plan.value("rdzv_backend")
+    if backend == "static" and plan.value("machine_rank") == 0:
+        return plan.value("main_process_ip")
+    if backend == "c10d" and _rdzv_conf(plan).get("is_host") in ("1", "true", "True"):
+        return plan.value("main_process_ip")
+    return None
+
+
+def _rdzv_conf(plan: LaunchPlan) -> dict[str, str]:
+    args = plan.torchrun_args
+    if "--rdzv_conf" not in args:
+        return {}
+    text = args[args.index("--rdzv_conf") + 1]
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
 def _run_elastic(plan: LaunchPlan) -> int:
     os.environ.update(plan.worker_env)
+    os.environ.update(job_token_environment(plan))
+    host = _store_host(plan)
+    if host is None:
+        return _run_elastic_agent(plan)
+    from ..rendezvous_store import store_bound_to  # deferred: imports torch.distributed
+
+    port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
+    with store_bound_to(host, port, other_machines) as (store, why_not):
+        if store is None and not plan.value("quiet"):
+            _say(
+                f"cadence launch: the rendezvous store listens on every interface: {why_not} "
+                "(see README, 'The rendezvous store')"
+            )
+        return _run_elastic_agent(plan)
+
+
+def _run_elastic_agent(plan: LaunchPlan) -> int:
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

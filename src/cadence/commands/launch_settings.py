@@ -59,6 +59,7 @@ SETTINGS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "use_deepspeed": (_bool, False),
     "num_processes": (_int, None),
     "num_machines": (_int, 1),
+    "oversubscribe": (_bool, False),
     "machine_rank": (_int, 0),
     "main_process_ip": (_text, None),
     "main_process_port": (_int, None),

@@ -21,7 +21,10 @@ Always on when a job has more than one process (started by PartialState):
 
 Settings:
 
-- stuck timeout (default 300 s; 0 turns the stuck-rank report off): `InitProcessGroupKwargs(stuck_timeout=...)`
+- stall report (default 30 s; 0 turns it off): `CADENCE_STALL_REPORT` > `stall_report` in the launch
+  config. A rank that has waited that long in a collective another rank has not joined prints, once per
+  stall for the whole job, where every rank is; nothing is stopped;
+- stuck timeout (default 300 s; 0 turns the stuck-rank stop off): `InitProcessGroupKwargs(stuck_timeout=...)`
   > `CADENCE_STUCK_TIMEOUT` > `stuck_timeout` in the launch config. With the default, barriers
   (`wait_for_everyone`, `main_process_first`) may wait as long as the process-group timeout, since
   waiting for a slower rank is their purpose (a rank saving a checkpoint); a chosen timeout applies
@@ -32,5 +35,7 @@ Settings:
   launch config, default 30 minutes;
 - debug mode (`CADENCE_DEBUG=1`, `cadence launch --debug`): every rank swaps the full description of
   each collective before it runs, on every backend;
-- `CADENCE_HANDSHAKE=1` turns the gloo handshake on; `CADENCE_LEDGER=0` turns all of the above off.
+- `CADENCE_HANDSHAKE=1` turns the gloo handshake on; `CADENCE_LEDGER=0` turns all of the above off;
+- `CADENCE_JOB_TOKEN`: the per-job secret the watchdog's records are signed with (signing.py); records
+  that do not verify are ignored. The launchers set it; without it records are unsigned and trusted.
 """

@@ -65,6 +65,19 @@ def write_error_file(message: str, details: str, exception: str) -> None:
         pass
 
 
+def print_report(message: str) -> None:
+    """Write a report to stderr from the watchdog thread, after what the script printed so far."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        os.write(2, (message + "\n").encode(errors="replace"))
+    except OSError:
+        pass
+
+
 def stop_process(rank: int, reason: dict[str, Any], reporter: bool) -> NoReturn:
     global announced
     announced = True

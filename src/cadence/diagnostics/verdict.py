@@ -193,3 +193,50 @@ def judge(
         f"checkpoint, evaluating on one rank), raise the stuck timeout: {HOW_TO_CHANGE}.",
         states, now, tick, lagging,
     )  # fmt: skip
+
+
+def stall_report(
+    my_rank: int, states: list[dict[str, Any] | None], now: float, settings: WatchSettings
+) -> str | None:
+    """The report (not a stop) of a rank that has waited in a collective for `settings.stall_report`
+    seconds, saying where every rank is; None while it has not waited that long."""
+    me = states[my_rank]
+    if settings.stall_report is None or me is None or me.get("phase") != "collective":
+        return None
+    waited = now - me["since"]
+    if waited < settings.stall_report:
+        return None
+    seq, op = me["seq"], me["op"]
+    tick = settings.tick
+    lagging = [
+        r for r, s in enumerate(states)
+        if r != my_rank and (s is None or s.get("phase") != "collective" or s["seq"] != seq)
+    ]  # fmt: skip
+    # Grouped by what each rank does (not by how long it has waited), the ranks that hold the job up first.
+    groups: dict[str, list[int]] = {}
+    for rank, state in enumerate(states):
+        groups.setdefault(_what(state, now, tick)[0], []).append(rank)
+    ordered = sorted(groups.items(), key=lambda item: (not set(item[1]) & set(lagging), item[1][0]))
+    details = "\n".join(
+        f"  {rank_list(ranks)} {'wait' if len(ranks) > 1 else 'waits'} {short}"
+        if short.startswith("in ")
+        else f"  {rank_list(ranks)} {short}"
+        for short, ranks in ordered
+    )
+    deadline = settings.deadline(op, me.get("timeout"))
+    if deadline is None:
+        then = "the stuck-rank stop is off, so the job waits as long as the backend lets it"
+    else:
+        then = f"every rank stops at {deadline:g} s of waiting if nothing changes"
+    if lagging:
+        who = rank_list(lagging)
+        title = f"{op} #{seq} has waited {waited:.0f} s for {who}"
+        advice = (
+            f"This is only a report: the job goes on, and {then}. If {who} "
+            f"{'is' if len(lagging) == 1 else 'are'} legitimately busy (saving a checkpoint, "
+            "evaluating on one rank) nothing is wrong."
+        )
+    else:
+        title = f"every rank has waited {waited:.0f} s in {op} #{seq}"
+        advice = f"This is only a report: the job goes on, and {then}."
+    return f"Cadence: no progress: {title}. Where each rank is:\n{details}\n{advice}"

@@ -22,9 +22,12 @@ from .channel import SideChannel
 from .hooks import install_hooks
 from .ledger import ledger
 from .settings import WatchSettings
-from .stopping import stop_process
-from .verdict import judge
+from .signing import JOB_TOKEN_ENV
+from .stopping import print_report, stop_process
+from .verdict import judge, stall_report
 
+# Reads of everyone's state, each with no other rank's record verifying, before saying the tokens differ.
+_FOREIGN_READS_BEFORE_WARNING = 3
 # Ranks that read everyone's state per tick, about (so the store is not flooded on large jobs).
 _READERS_PER_TICK = 8
 
@@ -43,6 +46,9 @@ class Watchdog:
         self.final_phase: dict[str, Any] | None = None  # set when the script exits or fails
         self._ticks = 0
         self._store_failing_since: float | None = None
+        self._stalls_seen: set[int] = set()  # collectives whose stall this rank has dealt with
+        self._foreign_reads = 0  # consecutive reads where no other rank's record verified
+        self._told_tokens_differ = False
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cadence-watchdog", daemon=True)
 
@@ -119,10 +125,14 @@ class Watchdog:
         if time.time() - mine["since"] < self.settings.grace:
             return
         states = self.channel.states(self.world_size)
+        self._check_tokens_agree()
         states[self.rank] = mine
         verdict = judge(self.rank, states, time.time(), self.settings)
         still = ledger.waiting_in()
-        if verdict is None or still is None or still.sequence != mine["seq"]:
+        if still is None or still.sequence != mine["seq"]:
+            return
+        if verdict is None:
+            self._report_stall(states)
             return
         reason = {
             "kind": "report",
@@ -135,6 +145,36 @@ class Watchdog:
         }
         standing = self.channel.claim_stop(reason)
         stop_process(self.rank, standing, reporter=standing == reason)
+
+    def _check_tokens_agree(self) -> None:
+        """Every other rank's record fails to verify, read after read: not a forger (the ranks rewrite
+        their records every tick) but ranks started with different CADENCE_JOB_TOKEN values. Say so once."""
+        others = {r for r in range(self.world_size) if r != self.rank}
+        if not others or set(self.channel.last_unverified) != others:
+            self._foreign_reads = 0
+            return
+        self._foreign_reads += 1
+        if self._foreign_reads == _FOREIGN_READS_BEFORE_WARNING and not self._told_tokens_differ:
+            self._told_tokens_differ = True
+            print_report(
+                f"[rank {self.rank}] Cadence: no other rank's watchdog record verifies with this rank's "
+                f"{JOB_TOKEN_ENV}, so failures and stuck ranks elsewhere cannot be reported here. Give "
+                f"every machine the same {JOB_TOKEN_ENV} (or none)."
+            )
+
+    def _report_stall(self, states: list[dict[str, Any] | None]) -> None:
+        """Once per stalled collective in the whole job: say where every rank is, and go on."""
+        seq = states[self.rank]["seq"]
+        if seq in self._stalls_seen:
+            return
+        report = stall_report(self.rank, states, time.time(), self.settings)
+        if report is None:
+            return
+        self._stalls_seen.add(seq)
+        # The first rank to claim this stall prints it; the others stay quiet.
+        _, ours = self.channel.claim(f"stall/{seq}", {"rank": self.rank, "time": time.time()})
+        if ours:
+            print_report(f"[rank {self.rank}] {report}")
 
     def _my_turn(self) -> bool:
         stride = max(1, math.ceil(self.world_size / _READERS_PER_TICK))
