@@ -9,6 +9,7 @@ The layers, bottom to top (ARCHITECTURE.md draws them):
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import cadence
@@ -204,3 +205,29 @@ def test_layers_name_every_module_once():
     assert len(named) == len(set(named))
     for module in MODULES:
         layer_of(module)  # raises for a module outside every layer
+
+
+# The one reader of the environment on the worker side is cadence.settings; the launch environment
+# (ranks, addresses) is topology's; the launcher side (CLI, launchers, hardware probes) prepares the
+# environment of the processes it starts. Writing a variable for a library Cadence drives is allowed.
+ENVIRONMENT_READERS = (
+    "cadence.settings",
+    "cadence.topology",
+    "cadence.hardware",
+    "cadence.launchers",
+    "cadence.launch_bounds",
+    "cadence.rendezvous_store",
+    "cadence.commands",
+)
+_ENV_READ = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=)")
+
+
+def test_only_the_settings_resolver_reads_the_environment():
+    readers = [
+        f"{module}:{number}: {line.strip()}"
+        for module, path in sorted(MODULES.items())
+        if not module.startswith(ENVIRONMENT_READERS)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if _ENV_READ.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not readers, "read the environment through cadence.settings:\n" + "\n".join(readers)

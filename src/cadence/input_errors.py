@@ -7,11 +7,12 @@ Argument checks raise on every rank at once; without the rank in the message the
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from .settings import env_text
 
 # Exception types that describe a bad argument: the ones whose message gets the rank.
 INPUT_ERRORS = (TypeError, ValueError, NotImplementedError, ImportError)
@@ -29,8 +30,8 @@ def current_rank() -> int | None:
     if "num_processes" in shared:
         return shared.get("process_index") if shared["num_processes"] > 1 else None
     try:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
+        world_size = int(env_text("WORLD_SIZE", "1"))
+        rank = int(env_text("RANK", "0"))
     except ValueError:
         return None
     return rank if world_size > 1 else None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
+from .settings import resolve
 from .state import PartialState
 
 
@@ -63,7 +63,7 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
         logger.info("printed by every rank", main_process_only=False)
     """
     if log_level is None:
-        log_level = os.environ.get("ACCELERATE_LOG_LEVEL")
+        log_level = resolve("log_level", launch={}).value
     logger = logging.getLogger(name)
     if log_level is not None:
         logger.setLevel(log_level.upper())

@@ -9,11 +9,11 @@ Every value is signed with the job's token (see signing.py); values that do not 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import torch.distributed as dist
 
+from ..settings import env_text
 from .signing import RecordSigner
 
 # compare_set attempts when a forged value sits under a key this job writes once ("stop").
@@ -21,8 +21,8 @@ _REPLACE_FORGERIES = 4
 
 
 def channel_prefix(generation: int) -> str:
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run = env_text("TORCHELASTIC_RUN_ID", "run")
+    restart = env_text("TORCHELASTIC_RESTART_COUNT", "0")
     return f"cadence/watch/{run}/{restart}/{generation}/"
 
 

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from ..settings import env_text
+
 STOP_EXIT_CODE = 1
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 # Under a launcher (torch elastic agent) a rank that only follows another's failure waits this long for
@@ -21,7 +23,7 @@ announced = False  # this process has said why it stops
 
 
 def let_launcher_stop_us_first() -> None:
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
+    if env_text("TORCHELASTIC_RUN_ID"):
         time.sleep(FOLLOW_GRACE)
 
 
@@ -47,7 +49,7 @@ def stop_message(rank: int, reason: dict[str, Any], reporter: bool) -> str:
 def write_error_file(message: str, details: str, exception: str) -> None:
     """The JSON file torch elastic (and `cadence launch`) read to report a worker's failure; a file
     already written (by `cadence launch`'s worker bootstrap) is left alone."""
-    path = os.environ.get(ERROR_FILE_ENV)
+    path = env_text(ERROR_FILE_ENV)
     if not path or os.path.exists(path):
         return
     now = time.time()
@@ -56,7 +58,7 @@ def write_error_file(message: str, details: str, exception: str) -> None:
             "message": message,
             "extraInfo": {"py_callstack": details, "timestamp": str(int(now))},
         },
-        "cadence": {"time": now, "exception": exception, "rank": os.environ.get("RANK")},
+        "cadence": {"time": now, "exception": exception, "rank": env_text("RANK")},
     }
     try:
         with open(path, "w", encoding="utf-8") as handle:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ..plugins.deepspeed import deepspeed_missing_error
 from ..scheduler import AcceleratedScheduler
+from ..settings import env_bool
 from ..state import GradientState
 from ..topology import detect_topology
 from .base import Strategy
@@ -47,11 +48,7 @@ def import_deepspeed(device: torch.device) -> Any:
         import deepspeed
     except ImportError:
         raise deepspeed_missing_error() from None
-    if device.type == "cpu" and os.environ.get("CADENCE_DEEPSPEED_SHM_COMM", "1").lower() in (
-        "0",
-        "false",
-        "no",
-    ):
+    if device.type == "cpu" and not env_bool("CADENCE_DEEPSPEED_SHM_COMM", True):
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from ..settings import env_text
 from .base import GeneralTracker, on_main_process
 from .values import plain_values, storable_config, warn_dropped
 
@@ -40,11 +40,9 @@ class ClearMLTracker(GeneralTracker):
             return
         arguments = dict(self.init_kwargs)
         arguments.setdefault(
-            "project_name", os.environ.get("CLEARML_PROJECT", self.user_provided_run_name)
+            "project_name", env_text("CLEARML_PROJECT", self.user_provided_run_name)
         )
-        arguments.setdefault(
-            "task_name", os.environ.get("CLEARML_TASK", self.user_provided_run_name)
-        )
+        arguments.setdefault("task_name", env_text("CLEARML_TASK", self.user_provided_run_name))
         self.task = Task.init(**arguments)
 
     @property

@@ -7,6 +7,7 @@ import os
 import warnings
 from typing import Any
 
+from ..settings import env_text
 from .base import GeneralTracker, on_main_process
 from .values import plain_number, plain_values, warn_dropped
 
@@ -52,13 +53,13 @@ class MLflowTracker(GeneralTracker):
         description: str | None = None,
     ) -> None:
         super().__init__()
-        tags = os.environ.get("MLFLOW_TAGS", tags)
-        self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        tags = env_text("MLFLOW_TAGS", tags)
+        self.experiment_name = env_text("MLFLOW_EXPERIMENT_NAME", experiment_name)
         self.logging_dir = logging_dir
-        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        self.run_id = env_text("MLFLOW_RUN_ID", run_id)
         self.tags = json.loads(tags) if isinstance(tags, str) else tags
         self.nested_run = _env_bool(
-            "MLFLOW_NESTED_RUN", os.environ.get("MLFLOW_NESTED_RUN", bool(nested_run))
+            "MLFLOW_NESTED_RUN", env_text("MLFLOW_NESTED_RUN", bool(nested_run))
         )
         self.run_name = run_name
         self.description = description
