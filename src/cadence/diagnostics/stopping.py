@@ -84,15 +84,7 @@ def stop_process(rank: int, reason: dict[str, Any], reporter: bool) -> NoReturn:
     global announced
     announced = True
     message = stop_message(rank, reason, reporter)
-    for stream in (sys.stdout, sys.stderr):  # what the script printed so far must not be lost
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    try:
-        os.write(2, (message + "\n").encode(errors="replace"))
-    except OSError:
-        pass
+    print_report(message)  # after what the script printed so far, which must not be lost
     if reporter:  # the launcher's summary names the reporting rank; the others only follow
         write_error_file(
             f"CollectiveStuck: {reason.get('headline', '')}", message, "CollectiveStuck"

@@ -7,23 +7,13 @@ import os
 import warnings
 from typing import Any
 
-from ..settings import env_text
+from ..settings import env_text, parse_bool
 from .base import GeneralTracker, on_main_process
 from .values import plain_number, plain_values, warn_dropped
 
-_TRUE = {"1", "true", "yes", "y", "on", "t"}
-_FALSE = {"0", "false", "no", "n", "off", "f"}
-
 
 def _env_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"{name}={value!r} is not a boolean: use true/false or 1/0.")
+    return parse_bool(value, name)
 
 
 class MLflowTracker(GeneralTracker):
