@@ -3,6 +3,7 @@ checkpoint, tracking and launch parts. Each method tells the user-facing story a
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -86,7 +87,10 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
         from .tracking import TrackerHub
 
         # Before the process group starts, so a bad log_with fails without side effects.
-        self._tracker_hub = TrackerHub(settings.log_with, lambda: self.logging_dir)
+        # A partial, not a lambda: the Accelerator must stay picklable.
+        self._tracker_hub = TrackerHub(
+            settings.log_with, functools.partial(getattr, self, "logging_dir")
+        )
         self.rng_types = settings.rng_types
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.ddp_handler = settings.handlers.get("DistributedDataParallelKwargs")
@@ -295,6 +299,7 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
             # Compiled inside the DDP wrapper: dynamo does not trace through DDP's own forward.
             model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
         model = self._strategy.wrap_model(model, evaluation_mode)
+        model._is_accelerator_prepared = True  # what integrations check to skip a second prepare
         self._models.append(model)
         return model
 
@@ -352,6 +357,7 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
             non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader,
         )
+        prepared.resume_exact_order = config.resume_exact_order  # read when a state is loaded
         self._dataloaders.append(prepared)
         return prepared
 
@@ -376,6 +382,8 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
             if hasattr(inner, "_orig_mod"):
                 compiled = compiled or inner
                 inner = inner._orig_mod
+            elif isinstance(inner, torch.nn.DataParallel):
+                inner = inner.module
             elif self._strategy.is_wrapped(inner):
                 inner = self._strategy.unwrap(inner)
             else:
@@ -426,7 +434,8 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
             strategy.backward(loss, **kwargs)
         if not strategy.divides_loss_for_accumulation:
             return
-        if self.gradient_state.sync_gradients and 0 < self._window_micro_steps < steps:
+        reweight = self.gradient_state.plugin_kwargs.get("adjust_last_window", True)
+        if reweight and self.gradient_state.sync_gradients and 0 < self._window_micro_steps < steps:
             self._reweight_partial_window(steps / self._window_micro_steps)
 
     def _reweight_partial_window(self, factor: float) -> None:

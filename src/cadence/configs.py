@@ -13,6 +13,18 @@ from .kwargs import KwargsHandler
 
 @dataclass
 class DataLoaderConfiguration:
+    """How prepared dataloaders shard, place and resume their batches (the reference's fields, plus
+    one Cadence switch at the end).
+
+    `resume_exact_order` (Cadence only, default True): a dataloader resumed mid-epoch from a saved
+    state continues the saved epoch with the same samples in the same order. False resumes as the
+    reference does, to reproduce its numbers: the order is drawn again from the random state of the
+    moment and a stateful dataloader skips the batches already handed out (a plain one starts the
+    epoch over). See docs/differences.md.
+
+    Example: `Accelerator(dataloader_config=DataLoaderConfiguration(resume_exact_order=False))`.
+    """
+
     split_batches: bool = False
     dispatch_batches: bool | None = None
     even_batches: bool = True
@@ -20,6 +32,7 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
+    resume_exact_order: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -29,6 +42,7 @@ class DataLoaderConfiguration:
             "use_seedable_sampler",
             "non_blocking",
             "use_stateful_dataloader",
+            "resume_exact_order",
         ):
             if isinstance(getattr(self, name), (str, bytes)):
                 raise TypeError(
@@ -78,10 +92,21 @@ class ProjectConfiguration:
 
 @dataclass
 class GradientAccumulationPlugin(KwargsHandler):
+    """Gradient accumulation settings (the reference's fields, plus one Cadence switch at the end).
+
+    `adjust_last_window` (Cadence only, default True): when a dataloader ends inside an accumulation
+    window, the shorter last window's update is the mean gradient of the micro-batches it holds
+    (each micro-step's loss is divided by the window's real length). False divides every micro-step
+    by `num_steps`, as the reference does, so the last update is smaller. See docs/differences.md.
+
+    Example: `GradientAccumulationPlugin(num_steps=4, adjust_last_window=False)`.
+    """
+
     num_steps: int | None = None
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
+    adjust_last_window: bool = True
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (

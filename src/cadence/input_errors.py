@@ -72,3 +72,12 @@ def rank_named_errors(function: _F) -> _F:
             return function(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def forgotten_state_error(class_name: str, name: str) -> AttributeError:
+    """The error for reading `name` from a process state that was reset and not created again."""
+    return AttributeError(
+        f"`{class_name}` object has no attribute `{name}`. This happens if "
+        f"`{class_name}._reset_state()` was called and an `Accelerator` or `PartialState` was not "
+        "reinitialized: create `Accelerator()` (or `PartialState()`) again after a reset."
+    )

@@ -18,6 +18,13 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         state = PartialState()
         return not main_process_only or state.is_main_process
 
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        """Prefix the message with `[RANK n] ` (every record, as the reference does)."""
+        from .state import PartialState
+
+        msg, kwargs = super().process(msg, kwargs)
+        return f"[RANK {PartialState().process_index}] {msg}", kwargs
+
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         from .state import PartialState
 

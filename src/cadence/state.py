@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import weakref
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -16,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from .enums import DistributedType, PrecisionType
+from .input_errors import forgotten_state_error
 from .launch_config import read_launch_config
-from .topology import Topology, detect_topology
+from .topology import Topology, detect_topology, device_from_env
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
 _TRUE = {"1", "true", "yes", "on"}
@@ -42,6 +44,9 @@ atexit.register(_destroy_owned_group)
 
 
 def _choose_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
+    chosen = device_from_env()  # CADENCE_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE win, cpu=True too
+    if chosen is not None:
+        return chosen
     if not cpu and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if world_size > 1 and local_rank >= count:
@@ -209,6 +214,11 @@ class PartialState:
     @classmethod
     def _reset_state(cls) -> None:
         cls._shared_state.clear()
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found normally
+        if not name.startswith("_") and not self._shared_state:
+            raise forgotten_state_error("PartialState", name)
+        raise AttributeError(f"'PartialState' object has no attribute '{name}'")
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group (only if Cadence created it) and forget this state."""
@@ -411,6 +421,8 @@ class AcceleratorState:
 
     def __getattr__(self, name: str) -> Any:
         # Execution-control methods are PartialState's; this only runs for names not found normally.
+        if not name.startswith("_") and not self._shared_state:
+            raise forgotten_state_error("AcceleratorState", name)
         if name.startswith("__") or "partial_state" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.partial_state, name)
@@ -449,8 +461,7 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
-            self.active_dataloader = None
-            self.dataloader_references: list[Any] = [None]
+            self._dataloader_refs: list[Any] = [None]  # weak: a dropped dataloader must be freed
             self.plugin_kwargs: dict[str, Any] = {}
             self.is_xla_gradients_synced = False
             self._accumulated_micro_steps = 0
@@ -494,14 +505,21 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
+    @property
+    def dataloader_references(self) -> list[Any]:
+        return [None if ref is None else ref() for ref in self._dataloader_refs]
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self.dataloader_references[-1]
+
     def _add_dataloader(self, dataloader: Any) -> None:
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
+        self._dataloader_refs.append(weakref.ref(dataloader))
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1]
+        self._dataloader_refs = [
+            ref for ref in self._dataloader_refs if ref is None or ref() not in (None, dataloader)
+        ]
 
     def __repr__(self) -> str:
         return (

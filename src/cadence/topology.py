@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -185,3 +189,32 @@ def detect_topology(env: Mapping[str, str] | None = None) -> Topology:
         if found is not None:
             return found
     return Topology()
+
+
+DEVICE_ENV_VARIABLES = ("CADENCE_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")
+
+
+def device_from_env(env: Mapping[str, str] | None = None) -> torch.device | None:
+    """The device named by CADENCE_TORCH_DEVICE (or the reference's ACCELERATE_TORCH_DEVICE), if any.
+
+    As in the reference it overrides every other choice, `cpu=True` included. Example:
+    `CADENCE_TORCH_DEVICE=cuda:1 python train.py` puts this process on the second GPU.
+    """
+    import torch
+
+    env = os.environ if env is None else env
+    for name in DEVICE_ENV_VARIABLES:
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            device = torch.device(raw)
+        except RuntimeError as error:
+            raise ValueError(
+                f"{name}={raw!r} is not a torch device ({error}); use a name such as 'cpu', "
+                "'cuda:0' or 'mps', or unset it."
+            ) from None
+        if device.type == "cuda" and device.index is not None and torch.cuda.is_available():
+            torch.cuda.set_device(device)
+        return device
+    return None
