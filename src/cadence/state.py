@@ -46,6 +46,8 @@ atexit.register(_destroy_owned_group)
 def _choose_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
     chosen = device_from_env()  # CADENCE_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE win, cpu=True too
     if chosen is not None:
+        if chosen.type == "cuda" and chosen.index is not None:
+            torch.cuda.set_device(chosen)
         return chosen
     if not cpu and torch.cuda.is_available():
         count = torch.cuda.device_count()
@@ -91,6 +93,7 @@ class PartialState:
         if self.initialized:
             return
         launch = read_launch_config()
+        device_from_env()  # a bad device name fails here, before any state is set
         cpu = bool(cpu or launch.get("use_cpu") or env_flag("ACCELERATE_USE_CPU"))
         topology = detect_topology()
         from .diagnostics.settings import resolve_watch_settings

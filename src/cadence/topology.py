@@ -214,7 +214,5 @@ def device_from_env(env: Mapping[str, str] | None = None) -> torch.device | None
                 f"{name}={raw!r} is not a torch device ({error}); use a name such as 'cpu', "
                 "'cuda:0' or 'mps', or unset it."
             ) from None
-        if device.type == "cuda" and device.index is not None and torch.cuda.is_available():
-            torch.cuda.set_device(device)
         return device
     return None
