@@ -19,13 +19,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 # -- pickling ------------------------------------------------------------------------------------
-def test_the_accelerator_pickles():
+def test_the_accelerator_pickles(tmp_path):
     from cadence import Accelerator
 
-    acc = Accelerator(cpu=True, project_dir="/tmp/cadence-pickle-test")
+    acc = Accelerator(cpu=True, project_dir=str(tmp_path))
     copy = pickle.loads(pickle.dumps(acc))
     assert type(copy) is Accelerator
-    assert copy.logging_dir == "/tmp/cadence-pickle-test"
+    assert copy.logging_dir == str(tmp_path)
     assert copy.device == acc.device
 
 

@@ -154,3 +154,20 @@ def test_resume_exact_order_is_a_keyword_field_at_the_end():
     ]
     with pytest.raises(TypeError, match="resume_exact_order"):
         DataLoaderConfiguration(resume_exact_order="no")
+
+
+def test_the_differences_page_documents_both_switches():
+    import dataclasses
+    from pathlib import Path
+
+    from cadence.utils import DataLoaderConfiguration, GradientAccumulationPlugin
+
+    page = (Path(__file__).parent.parent / "docs" / "differences.md").read_text()
+    for cls, field in (
+        (GradientAccumulationPlugin, "adjust_last_window"),
+        (DataLoaderConfiguration, "resume_exact_order"),
+    ):
+        assert field in {f.name for f in dataclasses.fields(cls)}
+        assert f"{cls.__name__}(" in page and f"{field}=False" in page
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "docs/differences.md" in readme
