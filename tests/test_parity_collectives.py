@@ -19,6 +19,8 @@ def gather_loss_with_grad():
     gathered = acc.gather(loss)
     for_metrics = acc.gather_for_metrics(loss)
     gathered_vector = acc.gather(per_sample)
+    reduced = acc.reduce(loss)  # Accelerator.reduce sums by default
+    padded = acc.pad_across_processes(per_sample)
     # The graph of the rank's own loss is intact: backward still works after gathering.
     loss.backward()
     return {
@@ -27,6 +29,8 @@ def gather_loss_with_grad():
         "for_metrics": for_metrics.tolist(),
         "vector": gathered_vector.tolist(),
         "local_grad": weight.grad.tolist(),
+        "reduced": reduced.item(),
+        "padded": padded.tolist(),
     }
 
 
@@ -40,6 +44,8 @@ def test_gather_of_a_tensor_that_requires_grad(dist_pool):
         assert result["for_metrics"] == [2.0, 4.0]
         assert result["vector"] == [1.0, 1.0, 2.0, 2.0]
         assert result["local_grad"] == [rank + 1.0, rank + 1.0]
+        assert result["reduced"] == 2.0 + 4.0
+        assert result["padded"] == [rank + 1.0, rank + 1.0]  # same sizes: nothing to pad
 
 
 # -- unwrap_model --------------------------------------------------------------------------------
