@@ -89,6 +89,31 @@ def test_dispatched_split_batches_carry_their_objects(dist_pool):
     assert rank1[0] == [([1.0], ["s1"]), ([3.0], ["s3"]), ([0.0], ["s0"])]
 
 
+class Unpicklable(IterableDataset):
+    def __iter__(self):
+        for i in range(2):
+            yield {"x": torch.tensor([float(i)]), "fn": lambda: None}  # lambdas do not pickle
+
+
+def dispatch_unpicklable():
+    from cadence import Accelerator
+    from cadence.utils import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(dispatch_batches=True)
+    acc = Accelerator(cpu=True, dataloader_config=config)
+    try:
+        list(acc.prepare(DataLoader(Unpicklable(), batch_size=None)))
+    except (TypeError, RuntimeError) as error:
+        return str(error)
+    return "no error"
+
+
+def test_dispatching_an_unpicklable_object_fails_on_every_rank(dist_pool):
+    # The main process cannot send the batch; no rank may be left waiting for it.
+    for message in dist_pool(2).run(dispatch_unpicklable, timeout=60):
+        assert "cannot be pickled" in message and "dispatch_batches=False" in message
+
+
 # -- base_dataloader, pickling -------------------------------------------------------------------
 def test_prepared_and_skipping_loaders_expose_base_dataloader():
     from cadence import Accelerator

@@ -17,7 +17,14 @@ from ..ops import broadcast, broadcast_object_list, send_to_device
 from ..state import PartialState
 from .batches import get_data_structure, initialize_tensors
 from .loaders import _EXHAUSTED, DataLoaderAdapter, DataLoaderStateMixin
-from .mixed_batches import extend_batch, put_end_to_end, samples_in, slice_batch, tensors_of
+from .mixed_batches import (
+    extend_batch,
+    holds_objects,
+    put_end_to_end,
+    samples_in,
+    slice_batch,
+    tensors_of,
+)
 
 _STOP, _BATCH, _ERROR = "stop", "batch", "error"
 
@@ -148,7 +155,10 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
             if is_last and not self._drop_last:
                 batch = self._complete(batch, observed, head)
             batch = send_to_device(batch, self.state.device, non_blocking=self._non_blocking)
-            yield [_BATCH, get_data_structure(batch), is_last, observed], batch
+            structure = get_data_structure(batch)
+            if holds_objects(batch):
+                _check_picklable(structure)
+            yield [_BATCH, structure, is_last, observed], batch
             current = upcoming
         yield [_STOP, had_batches], None
 
@@ -227,3 +237,18 @@ def _concatenate(parts: list[Any]) -> Any:
             "dimension. Use dispatch_batches=False (each process reads its own batches) or "
             f"split_batches=True (one batch is cut between processes). ({error})"
         ) from error
+
+
+def _check_picklable(structure: Any) -> None:
+    """The objects of a batch travel pickled: fail here, where every process hears of it, rather than
+    inside the broadcast, which would leave the other processes waiting."""
+    import pickle
+
+    try:
+        pickle.dumps(structure)
+    except Exception as error:  # noqa: BLE001 - any pickling failure means the same thing
+        raise TypeError(
+            "dispatch_batches=True sends the Python objects of a batch pickled, and this batch holds "
+            f"one that cannot be pickled ({type(error).__name__}: {error}). Keep such objects out of "
+            "the batch, or pass dispatch_batches=False so each process reads its own batches."
+        ) from None
