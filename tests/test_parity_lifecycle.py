@@ -29,6 +29,25 @@ def test_the_accelerator_pickles(tmp_path):
     assert copy.device == acc.device
 
 
+@pytest.mark.parametrize("stateful", [False, True])
+def test_pickling_inside_the_training_loop(stateful):
+    if stateful:
+        pytest.importorskip("torchdata.stateful_dataloader")
+    from cadence import Accelerator
+    from cadence.utils import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(use_stateful_dataloader=stateful)
+    acc = Accelerator(cpu=True, dataloader_config=config)
+    loader = acc.prepare(DataLoader(TensorDataset(torch.arange(6.0)), batch_size=2))
+    for _ in loader:  # mid-epoch: the loader is registered with GradientState and iterating
+        acc_copy = pickle.loads(pickle.dumps(acc))
+        loader_copy = pickle.loads(pickle.dumps(loader))
+        break
+    assert type(acc_copy) is Accelerator
+    # A copy starts its own iteration from the start of the epoch, like a new iter() of the original.
+    assert [batch[0].tolist() for batch in loader_copy] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+
+
 # -- garbage collection --------------------------------------------------------------------------
 def train_then_drop(stop_after: int | None):
     from cadence import Accelerator

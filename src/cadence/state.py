@@ -508,6 +508,12 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Dataloaders are held weakly and weak references do not pickle: a copy is outside any loop.
+        state = dict(self.__dict__)
+        state["_dataloader_refs"] = [None]
+        return state
+
     @property
     def dataloader_references(self) -> list[Any]:
         return [None if ref is None else ref() for ref in self._dataloader_refs]

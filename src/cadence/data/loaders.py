@@ -70,7 +70,7 @@ def stateful_variant(cls: type) -> type:
     if variant is None:
 
         def __reduce_ex__(self, protocol):  # the variant is rebuilt by name in the loading process
-            return _stateful_instance, (cls,), self.__dict__
+            return _stateful_instance, (cls,), self.__getstate__()
 
         attributes = {"__module__": cls.__module__, "__reduce_ex__": __reduce_ex__}
         variant = type(cls.__name__, (cls, StatefulDataLoader), attributes)
@@ -142,6 +142,14 @@ class DataLoaderAdapter(DataLoader):
         self.gradient_state = GradientState()
         self._position = LoaderPosition()
         self._resuming_index_sampler = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # An iterator in flight (worker processes, torchdata's kept iterator) does not travel: the
+        # copy starts its next iteration afresh, from the position it carries.
+        state = self.__dict__.copy()
+        if state.get("_iterator") is not None:
+            state["_iterator"] = None
+        return state
 
     @property
     def base_dataloader(self) -> DataLoader:
