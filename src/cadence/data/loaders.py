@@ -123,6 +123,10 @@ class DataLoaderAdapter(DataLoader):
     With `use_stateful_dataloader=True` the instance is built on torchdata's StatefulDataLoader.
     """
 
+    # False resumes a loaded mid-epoch position as the reference does (the Accelerator sets it from
+    # DataLoaderConfiguration.resume_exact_order; see docs/differences.md).
+    resume_exact_order: bool = True
+
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any):
         if use_stateful_dataloader:
             cls = stateful_variant(cls)
