@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 import cadence
 from cadence import Accelerator
@@ -66,11 +66,6 @@ def model() -> torch.nn.Module:
 
 def dataset(n: int = 12) -> TensorDataset:
     return TensorDataset(torch.arange(float(n)))
-
-
-class Words(IterableDataset):
-    def __iter__(self):
-        return iter(["a", "b", "c", "d", "e", "f"])
 
 
 class NoBatchSizeSampler:
@@ -385,7 +380,7 @@ DATALOADER_CASES = {
             split_batches=True,
         ),
         ValueError,
-        "batch size (3) that is a multiple of the number of processes (2)",
+        "batch size (3) that is a round multiple of the number of processes (2)",
     ),
     "split without a batch size": (
         lambda: prepare_data_loader(
@@ -425,15 +420,6 @@ DATALOADER_CASES = {
         ),
         TypeError,
         "data_seed",
-    ),
-    "dispatch of words": (
-        lambda: list(
-            prepare_data_loader(
-                DataLoader(Words(), batch_size=2), dispatch_batches=True, put_on_device=True
-            )
-        ),
-        TypeError,
-        "dispatch_batches=False",
     ),
 }
 

@@ -405,8 +405,9 @@ def test_bad_inputs_are_clear_errors(dist_pool, n):
 
 def test_logger_main_process_only_and_in_order(dist_pool):
     results = dist_pool(2).run(logger_output)
-    assert results[0] == ["main only", "everyone 0", "in order 0"]
-    assert results[1] == ["everyone 1", "in order 1"]
+    # Every record starts with "[RANK n] ", as the reference's MultiProcessAdapter.process writes it.
+    assert results[0] == ["[RANK 0] main only", "[RANK 0] everyone 0", "[RANK 0] in order 0"]
+    assert results[1] == ["[RANK 1] everyone 1", "[RANK 1] in order 1"]
 
 
 def test_set_seed_and_synchronize(dist_pool):

@@ -304,7 +304,7 @@ class NotCheckpointableError(TypeError, ValueError):
 
 def check_checkpointable(objects: tuple[Any, ...]) -> None:
     invalid = [
-        f"#{i} ({type(obj).__name__})"
+        f"\n\t- Item at index {i}, `{type(obj).__name__}`"
         for i, obj in enumerate(objects)
         if not (
             callable(getattr(obj, "state_dict", None))
@@ -313,8 +313,8 @@ def check_checkpointable(objects: tuple[Any, ...]) -> None:
     ]
     if invalid:
         raise NotCheckpointableError(
-            "register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
-            f"these have not: {', '.join(invalid)}."
+            "register_for_checkpointing needs objects with state_dict() and load_state_dict() "
+            f"functions; these arguments have not:{''.join(invalid)}"
         )
 
 

@@ -149,6 +149,9 @@ def send_to_device(
 
 # -- collectives -------------------------------------------------------------------------------
 def _gather_one(tensor: torch.Tensor, num_processes: int) -> torch.Tensor:
+    # Gathered values carry no autograd history (as in the reference); a tensor that requires grad
+    # would otherwise make the collective's in-place write into the output views fail.
+    tensor = tensor.detach()
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
     if not tensor.is_contiguous():

@@ -190,7 +190,14 @@ class FP8RecipeKwargs(KwargsHandler):
 
 @dataclass
 class DataLoaderConfiguration:
-    """How `prepare` shards and feeds dataloaders (batch splitting, even batches, seeding, ...).
+    """How `prepare` shards, feeds and resumes dataloaders (the reference's fields, plus one Cadence
+    switch at the end).
+
+    `resume_exact_order` (Cadence only, default True): a dataloader resumed mid-epoch from a saved
+    state continues the saved epoch with the same samples in the same order. False resumes as the
+    reference does, to reproduce its numbers: the order is drawn again from the random state of the
+    moment and a stateful dataloader skips the batches already handed out (a plain one starts the
+    epoch over). See docs/differences.md.
 
     Example::
 
@@ -207,6 +214,7 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
+    resume_exact_order: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -216,6 +224,7 @@ class DataLoaderConfiguration:
             "use_seedable_sampler",
             "non_blocking",
             "use_stateful_dataloader",
+            "resume_exact_order",
         ):
             if isinstance(getattr(self, name), (str, bytes)):
                 raise TypeError(
@@ -278,7 +287,13 @@ class ProjectConfiguration:
 
 @dataclass
 class GradientAccumulationPlugin(KwargsHandler):
-    """How gradients are accumulated: steps per update, scheduler and dataloader handling.
+    """How gradients are accumulated: steps per update, scheduler and dataloader handling (the
+    reference's fields, plus one Cadence switch at the end).
+
+    `adjust_last_window` (Cadence only, default True): when a dataloader ends inside an accumulation
+    window, the shorter last window's update is the mean gradient of the micro-batches it holds.
+    False divides every micro-step by `num_steps`, as the reference does, so the last update is
+    smaller. See docs/differences.md.
 
     Example::
 
@@ -292,6 +307,7 @@ class GradientAccumulationPlugin(KwargsHandler):
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
+    adjust_last_window: bool = True
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and (

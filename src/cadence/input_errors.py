@@ -79,3 +79,12 @@ def rank_prefix() -> str:
     """ "[rank N] " inside a multi-process job (so an error names the process it happened on), else ""."""
     rank = current_rank()
     return "" if rank is None else f"[rank {rank}] "
+
+
+def forgotten_state_error(class_name: str, name: str) -> AttributeError:
+    """The error for reading `name` from a process state that was reset and not created again."""
+    return AttributeError(
+        f"`{class_name}` object has no attribute `{name}`. This happens if "
+        f"`{class_name}._reset_state()` was called and an `Accelerator` or `PartialState` was not "
+        "reinitialized: create `Accelerator()` (or `PartialState()`) again after a reset."
+    )

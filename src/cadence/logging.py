@@ -19,6 +19,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         state = PartialState()
         return not main_process_only or state.is_main_process
 
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        """Prefix the message with `[RANK n] ` (every record, as the reference does)."""
+
+        msg, kwargs = super().process(msg, kwargs)
+        return f"[RANK {PartialState().process_index}] {msg}", kwargs
+
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         """Log on the main process only, unless `main_process_only=False` (`in_order`: in turn)."""
 

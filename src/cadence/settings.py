@@ -222,3 +222,29 @@ def resolve_flag(name: str, explicit: bool | None = None, launch: dict | None = 
 def describe(resolved: dict[str, Resolved]) -> str:
     """One line per setting, `name = value (source)`, for debug output."""
     return "\n".join(f"{name} = {item.value!r} ({item.source})" for name, item in resolved.items())
+
+
+def device_from_env(env: dict[str, str] | None = None) -> Any:
+    """The torch device named by CADENCE_TORCH_DEVICE (or the reference's ACCELERATE_TORCH_DEVICE).
+
+    As in the reference it overrides every other choice, `cpu=True` included.
+
+    Example::
+
+        # CADENCE_TORCH_DEVICE=cuda:1 python train.py  -> this process runs on the second GPU
+    """
+    import torch  # the launcher side imports this module without torch
+
+    env = os.environ if env is None else env
+    for name in ENV_NAMES["torch_device"][1]:
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            return torch.device(raw)
+        except RuntimeError as error:
+            raise ValueError(
+                f"{name}={raw!r} is not a torch device ({error}); use a name such as 'cpu', "
+                "'cuda:0' or 'mps', or unset it."
+            ) from None
+    return None

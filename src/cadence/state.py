@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import weakref
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -19,9 +20,10 @@ from . import process_control as execution
 from .diagnostics.settings import resolve_watch_settings
 from .diagnostics.watchdog import start_watchdog
 from .enums import DistributedType
+from .input_errors import forgotten_state_error
 from .plugins.resolve import ParallelPlugins, configure_state
 from .precision_choice import parse_mixed_precision
-from .settings import read_launch_config, resolve, resolve_flag
+from .settings import device_from_env, read_launch_config, resolve, resolve_flag
 from .topology import Topology, detect_topology
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
@@ -41,6 +43,11 @@ atexit.register(_destroy_owned_group)
 
 
 def _choose_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
+    chosen = device_from_env()  # CADENCE_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE win, cpu=True too
+    if chosen is not None:
+        if chosen.type == "cuda" and chosen.index is not None:
+            torch.cuda.set_device(chosen)
+        return chosen
     if not cpu and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if world_size > 1 and local_rank >= count:
@@ -92,6 +99,7 @@ class PartialState:
         if self.initialized:
             return
         launch = read_launch_config()
+        device_from_env()  # a bad device name fails here, before any state is set
         cpu = resolve_flag("use_cpu", cpu, launch).value
         topology = detect_topology()
         # Both fail on bad values before any side effect.
@@ -214,6 +222,11 @@ class PartialState:
     @classmethod
     def _reset_state(cls) -> None:
         cls._shared_state.clear()
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found normally
+        if not name.startswith("_") and not self._shared_state:
+            raise forgotten_state_error("PartialState", name)
+        raise AttributeError(f"'PartialState' object has no attribute '{name}'")
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group (only if Cadence created it) and forget this state."""
@@ -472,6 +485,8 @@ class AcceleratorState:
 
     def __getattr__(self, name: str) -> Any:
         # Execution-control methods are PartialState's; this only runs for names not found normally.
+        if not name.startswith("_") and not self._shared_state:
+            raise forgotten_state_error("AcceleratorState", name)
         if name.startswith("__") or "partial_state" not in self.__dict__:
             raise AttributeError(name)
         return getattr(self.partial_state, name)
@@ -511,8 +526,7 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
-            self.active_dataloader = None
-            self.dataloader_references: list[Any] = [None]
+            self._dataloader_refs: list[Any] = [None]  # weak: a dropped dataloader must be freed
             self.plugin_kwargs: dict[str, Any] = {}
             self.is_xla_gradients_synced = False
             self._accumulated_micro_steps = 0
@@ -569,14 +583,27 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Dataloaders are held weakly and weak references do not pickle: a copy is outside any loop.
+        state = dict(self.__dict__)
+        state["_dataloader_refs"] = [None]
+        return state
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        return [None if ref is None else ref() for ref in self._dataloader_refs]
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self.dataloader_references[-1]
+
     def _add_dataloader(self, dataloader: Any) -> None:
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
+        self._dataloader_refs.append(weakref.ref(dataloader))
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1]
+        self._dataloader_refs = [
+            ref for ref in self._dataloader_refs if ref is None or ref() not in (None, dataloader)
+        ]
 
     def __repr__(self) -> str:
         return (

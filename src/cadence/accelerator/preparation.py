@@ -222,6 +222,7 @@ class Preparer:
             # Compiled inside the DDP wrapper: dynamo does not trace through DDP's own forward.
             model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
         model = self.strategy.wrap_model(model, evaluation_mode)
+        model._is_accelerator_prepared = True  # what integrations check to skip a second prepare
         self.prepared.models.append(model)
         return model
 
@@ -309,6 +310,7 @@ class Preparer:
             non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader,
         )
+        prepared.resume_exact_order = config.resume_exact_order  # read when a state is loaded
         self.prepared.dataloaders.append(prepared)
         return prepared
 

@@ -75,7 +75,8 @@ def dedupe_shared_tensors(
         views[view] = name
         out[name] = value
     if removed:
-        logger.warning(
+        # Debug, not a warning: tied weights are normal (every language model ties its embeddings).
+        logger.debug(
             "Removed shared tensor(s) %s while saving (they alias %s); they are restored from "
             "the tensor they share memory with when loaded into the same model.",
             sorted(removed),

@@ -16,14 +16,19 @@ from typing import Any
 from ..collectives import (
     broadcast,
     broadcast_object_list,
-    concatenate,
-    recursively_apply,
     send_to_device,
 )
-from ..input_errors import with_rank
 from ..state import PartialState
-from .batches import find_batch_size, get_data_structure, initialize_tensors, slice_tensors
+from .batches import get_data_structure, initialize_tensors
 from .loaders import _EXHAUSTED, DataLoaderAdapter, DataLoaderStateMixin
+from .mixed_batches import (
+    extend_batch,
+    holds_objects,
+    put_end_to_end,
+    samples_in,
+    slice_batch,
+    tensors_of,
+)
 
 _STOP, _BATCH, _ERROR = "stop", "batch", "error"
 
@@ -50,7 +55,9 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         self.skip_batches = skip_batches
         self._drop_last = _drop_last
         self._non_blocking = _non_blocking
-        self.slice_fn = slice_tensors if slice_fn is None else slice_fn
+        # The default cuts tensors and per-sample lists (strings...) alike; see mixed_batches.
+        self.slice_fn = slice_batch if slice_fn is None else slice_fn
+        self._user_slice_fn = slice_fn is not None
         self.torch_device_mesh = torch_device_mesh
         self.iteration = iteration
 
@@ -85,8 +92,10 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
             _, structure, is_last, observed = header
             if not is_main:
                 batch = initialize_tensors(structure, device=self.state.device)
-            batch = broadcast(batch, from_process=0)
-            per_process = find_batch_size(batch) // self.state.num_processes
+            tensors = tensors_of(batch)
+            if tensors:  # the objects came with the structure; the tensors are filled in place
+                broadcast(tensors, from_process=0)
+            per_process = samples_in(batch) // self.state.num_processes
             rank = self.state.process_index
             batch = self.slice_fn(
                 batch,
@@ -94,6 +103,8 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
                 process_index=rank,
                 num_processes=self.state.num_processes,
             )
+            if self._user_slice_fn:  # objects kept per batch still name their batch: pick ours
+                batch = slice_batch(batch, slice(None), process_index=rank)
             yielded += 1
             position.yielded = yielded
             if is_last:
@@ -140,16 +151,18 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
             skip -= 1
         had_batches = current is not _EXHAUSTED or resumed or head is not None
         while current is not _EXHAUSTED:
-            _check_dispatchable(current)
             head = self._head_of(current) if head is None else head
             upcoming = next(stream, _EXHAUSTED)
             is_last = upcoming is _EXHAUSTED
-            observed = find_batch_size(current)
+            observed = samples_in(current)
             batch = current
             if is_last and not self._drop_last:
                 batch = self._complete(batch, observed, head)
             batch = send_to_device(batch, self.state.device, non_blocking=self._non_blocking)
-            yield [_BATCH, get_data_structure(batch), is_last, observed], batch
+            structure = get_data_structure(batch)
+            if holds_objects(batch):
+                _check_picklable(structure)
+            yield [_BATCH, structure, is_last, observed], batch
             current = upcoming
         yield [_STOP, had_batches], None
 
@@ -187,11 +200,9 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         missing = math.ceil(observed / n) * n - observed
         if missing == 0:
             return batch
-        head_size = find_batch_size(head)
-        repeats = math.ceil(missing / head_size)
-        filler = head if repeats == 1 else concatenate([head] * repeats)
-        filler = recursively_apply(lambda tensor: tensor[:missing], filler)
-        return concatenate([batch, filler])
+        repeats = math.ceil(missing / samples_in(head))
+        filler = head if repeats == 1 else put_end_to_end([head] * repeats)
+        return extend_batch(batch, filler, missing)
 
     def __len__(self) -> int:
         whole = super().__len__()
@@ -221,10 +232,8 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
 
 
 def _concatenate(parts: list[Any]) -> Any:
-    for part in parts:  # non-tensor batches get the dispatch explanation, not concatenate's
-        _check_dispatchable(part)
     try:
-        return concatenate(parts, dim=0)
+        return put_end_to_end(parts)
     except RuntimeError as error:
         raise RuntimeError(
             "With dispatch_batches=True (the default for an IterableDataset) the main process puts "
@@ -234,14 +243,16 @@ def _concatenate(parts: list[Any]) -> Any:
         ) from error
 
 
-def _check_dispatchable(batch: Any) -> None:
+def _check_picklable(structure: Any) -> None:
+    """The objects of a batch travel pickled: fail here, where every process hears of it, rather than
+    inside the broadcast, which would leave the other processes waiting."""
+    import pickle
+
     try:
-        recursively_apply(lambda tensor: tensor, batch, error_on_other_type=True)
-    except TypeError:
+        pickle.dumps(structure)
+    except Exception as error:  # noqa: BLE001 - any pickling failure means the same thing
         raise TypeError(
-            with_rank(
-                "dispatch_batches=True (the default for an IterableDataset) can only send batches of "
-                "tensors nested in lists, tuples or dicts; this dataloader's batches hold other "
-                "objects. Pass dispatch_batches=False so each process reads its own batches."
-            )
+            "dispatch_batches=True sends the Python objects of a batch pickled, and this batch holds "
+            f"one that cannot be pickled ({type(error).__name__}: {error}). Keep such objects out of "
+            "the batch, or pass dispatch_batches=False so each process reads its own batches."
         ) from None

@@ -71,7 +71,7 @@ def stateful_variant(cls: type) -> type:
     if variant is None:
 
         def __reduce_ex__(self, protocol):  # the variant is rebuilt by name in the loading process
-            return _stateful_instance, (cls,), self.__dict__
+            return _stateful_instance, (cls,), self.__getstate__()
 
         attributes = {"__module__": cls.__module__, "__reduce_ex__": __reduce_ex__}
         variant = type(cls.__name__, (cls, StatefulDataLoader), attributes)
@@ -94,11 +94,39 @@ def _torchdata_refuses_in_order() -> bool:
     return Version(version("torchdata")) < Version("0.11")
 
 
+def plain_loader_like(loader: DataLoader) -> DataLoader:
+    """A DataLoader (a StatefulDataLoader for a stateful `loader`) reading what `loader` reads."""
+    cls: type = DataLoader
+    if getattr(loader, "use_stateful_dataloader", False):
+        from torchdata.stateful_dataloader import StatefulDataLoader  # optional dependency
+
+        cls = StatefulDataLoader
+    kwargs: dict[str, Any] = {
+        name: getattr(loader, name)
+        for name in (
+            "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+            "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
+            "pin_memory_device",
+        )
+    }  # fmt: skip
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_sampler is not None:
+        kwargs["batch_sampler"] = loader.batch_sampler
+    else:
+        kwargs.update(batch_size=None, sampler=loader.sampler)
+    return cls(loader.dataset, **kwargs)
+
+
 class DataLoaderAdapter(DataLoader):
     """Base of the prepared dataloaders: position tracking, exact resume, epoch propagation.
 
     With `use_stateful_dataloader=True` the instance is built on torchdata's StatefulDataLoader.
     """
+
+    # False resumes a loaded mid-epoch position as the reference does (the Accelerator sets it from
+    # DataLoaderConfiguration.resume_exact_order; see docs/differences.md).
+    resume_exact_order: bool = True
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any):
         if use_stateful_dataloader:
@@ -119,6 +147,26 @@ class DataLoaderAdapter(DataLoader):
         self.gradient_state = GradientState()
         self._position = LoaderPosition()
         self._resuming_index_sampler = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # An iterator in flight (worker processes, torchdata's kept iterator) does not travel: the
+        # copy starts its next iteration afresh, from the position it carries.
+        state = self.__dict__.copy()
+        if state.get("_iterator") is not None:
+            state["_iterator"] = None
+        return state
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        """The plain DataLoader this one reads through: same dataset, batch sampler and collation,
+        without device placement or position tracking (built on first use, then kept).
+
+        Example: `prepared.base_dataloader.batch_sampler` is the batch sampler of this process's shard.
+        """
+        base = self.__dict__.get("_base_dataloader")
+        if base is None:
+            base = self.__dict__["_base_dataloader"] = plain_loader_like(self)
+        return base
 
     # -- position and exact resume --------------------------------------------------------------
     @property
@@ -254,7 +302,8 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     def __iter__(self) -> Iterator[Any]:
         # Everything happens at the first next(), as for any generator (iter() alone does nothing).
         resume = self._position.take_pending()
-        if resume is None and self.rng_types is not None:
+        exact = resume is not None and resume.get("exact", True)
+        if not exact and self.rng_types is not None:  # an exact resume replays the saved states
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
         self.begin()
         self.set_epoch(self.iteration)

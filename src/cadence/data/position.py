@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .samplers import get_sampler
+from .stateful_layout import as_torchdata_layout, from_torchdata_layout, is_torchdata_layout
 
 STATE_VERSION = 1
 _KEYS = ("version", "epoch", "batches_yielded", "in_epoch", "generator_names", "generator_states")
@@ -22,7 +23,7 @@ _KEYS = ("version", "epoch", "batches_yielded", "in_epoch", "generator_names", "
 class LoaderPosition:
     """Epoch and progress of one prepared dataloader (shared with those skip_first_batches derives)."""
 
-    __slots__ = ("epoch", "yielded", "in_epoch", "epoch_start", "pending")
+    __slots__ = ("epoch", "yielded", "in_epoch", "epoch_start", "pending", "last_epoch_batches")
 
     def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
@@ -32,13 +33,16 @@ class LoaderPosition:
         self.pending: dict[str, Any] | None = (
             None  # a loaded mid-epoch state for the next iteration
         )
+        self.last_epoch_batches: int | None = None  # batches of the epoch that just ended
 
     def start_epoch(self, snapshot: dict[str, Any], already_yielded: int) -> None:
+        self.last_epoch_batches = None
         self.epoch_start = snapshot
         self.yielded = already_yielded
         self.in_epoch = True
 
     def finish_epoch(self) -> None:
+        self.last_epoch_batches = self.yielded
         self.epoch += 1
         self.yielded = 0
         self.in_epoch = False
@@ -98,6 +102,13 @@ def restore_generators(loader: Any, snapshot: dict[str, Any]) -> None:
 
 
 def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]:
+    state = _cadence_state(loader, position)
+    if getattr(loader, "use_stateful_dataloader", False):
+        return as_torchdata_layout(loader, position, state)
+    return state
+
+
+def _cadence_state(loader: Any, position: LoaderPosition) -> dict[str, Any]:
     if position.pending is not None:
         return dict(position.pending)
     if position.in_epoch and position.epoch_start is not None:
@@ -118,7 +129,12 @@ def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]
 
 
 def load_position(loader: Any, position: LoaderPosition, state: dict[str, Any]) -> None:
+
+    if is_torchdata_layout(state):
+        state = from_torchdata_layout(state, position)
     _validate(state)
+    if not getattr(loader, "resume_exact_order", True):
+        state = _as_reference_resume(loader, state)
     if state["in_epoch"]:
         # Applied when the next iteration starts: generators, global RNG and skip together.
         position.pending = dict(state)
@@ -152,3 +168,20 @@ def _validate(state: Any) -> None:
         raise ValueError("Corrupt dataloader state: generator names and states do not match.")
     if not isinstance(state["batches_yielded"], int) or state["batches_yielded"] < 0:
         raise ValueError(f"Corrupt dataloader state: batches_yielded={state['batches_yielded']!r}.")
+
+
+def _as_reference_resume(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """What the reference keeps of a saved position (`resume_exact_order=False`): the order is drawn
+    again from the random state of the moment; a stateful loader skips the batches already handed
+    out, a plain one starts the epoch over (the reference saves no position for it)."""
+    stateful = getattr(loader, "use_stateful_dataloader", False)
+    in_epoch = bool(state["in_epoch"]) and stateful and state["batches_yielded"] > 0
+    return {
+        "version": STATE_VERSION,
+        "epoch": state["epoch"],
+        "batches_yielded": state["batches_yielded"] if in_epoch else 0,
+        "in_epoch": in_epoch,
+        "generator_names": [],
+        "generator_states": [],
+        "exact": False,
+    }

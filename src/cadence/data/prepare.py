@@ -257,7 +257,7 @@ def _check_split_batch_size(dataloader: DataLoader, num_processes: int) -> None:
             )
     if batch_size > 1 and batch_size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True needs a batch size ({batch_size}) that is a multiple of the number of "
+            f"split_batches=True needs a batch size ({batch_size}) that is a round multiple of the number of "
             f"processes ({num_processes}): change the batch size or use split_batches=False."
         )
 

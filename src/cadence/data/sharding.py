@@ -51,7 +51,7 @@ class BatchSamplerShard(BatchSampler):
         self.drop_last = getattr(batch_sampler, "drop_last", False)
         if split_batches and (self.batch_size is None or self.batch_size % num_processes != 0):
             raise ValueError(
-                f"split_batches=True needs a batch size ({self.batch_size}) that is a multiple of the "
+                f"split_batches=True needs a batch size ({self.batch_size}) that is a round multiple of the "
                 f"number of processes ({num_processes}): change the batch size or use "
                 "split_batches=False."
             )
@@ -250,7 +250,7 @@ class IterableDatasetShard(IterableDataset):
     ) -> None:
         if split_batches and batch_size > 1 and batch_size % num_processes != 0:
             raise ValueError(
-                f"split_batches=True needs a batch size ({batch_size}) that is a multiple of the number "
+                f"split_batches=True needs a batch size ({batch_size}) that is a round multiple of the number "
                 f"of processes ({num_processes}): change the batch size or use split_batches=False."
             )
         self.dataset = dataset

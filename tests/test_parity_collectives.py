@@ -1,0 +1,137 @@
+"""Parity with the reference (issue 12): collectives on tensors that require grad, unwrap_model of
+DataParallel / DDP inside torch.compile, and the device chosen by CADENCE_TORCH_DEVICE /
+ACCELERATE_TORCH_DEVICE. Multi-process behaviour runs on 2 real gloo processes (tests/harness.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+# -- gather of a tensor that requires grad -----------------------------------------------------
+def gather_loss_with_grad():
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    weight = torch.ones(2, requires_grad=True)
+    loss = (weight * (acc.process_index + 1)).sum()  # rank r: 2 * (r + 1), part of a graph
+    per_sample = weight * (acc.process_index + 1)
+    gathered = acc.gather(loss)
+    for_metrics = acc.gather_for_metrics(loss)
+    gathered_vector = acc.gather(per_sample)
+    reduced = acc.reduce(loss)  # Accelerator.reduce sums by default
+    padded = acc.pad_across_processes(per_sample)
+    # The graph of the rank's own loss is intact: backward still works after gathering.
+    loss.backward()
+    return {
+        "gather": gathered.tolist(),
+        "gather_requires_grad": gathered.requires_grad,
+        "for_metrics": for_metrics.tolist(),
+        "vector": gathered_vector.tolist(),
+        "local_grad": weight.grad.tolist(),
+        "reduced": reduced.item(),
+        "padded": padded.tolist(),
+    }
+
+
+def test_gather_of_a_tensor_that_requires_grad(dist_pool):
+    results = dist_pool(2).run(gather_loss_with_grad)
+    for rank, result in enumerate(results):
+        # Every rank gets every rank's value, in rank order (0-d tensors become 1-d), without the
+        # autograd history of the other ranks (gathered values are data, as in the reference).
+        assert result["gather"] == [2.0, 4.0]
+        assert result["gather_requires_grad"] is False
+        assert result["for_metrics"] == [2.0, 4.0]
+        assert result["vector"] == [1.0, 1.0, 2.0, 2.0]
+        assert result["local_grad"] == [rank + 1.0, rank + 1.0]
+        assert result["reduced"] == 2.0 + 4.0
+        assert result["padded"] == [rank + 1.0, rank + 1.0]  # same sizes: nothing to pad
+
+
+# -- unwrap_model --------------------------------------------------------------------------------
+def unwrap_compiled_ddp():
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    inner = torch.nn.Linear(2, 2)
+    prepared = acc.prepare(inner)  # DDP on two processes
+    is_ddp = isinstance(prepared, torch.nn.parallel.DistributedDataParallel)
+    compiled = torch.compile(prepared)  # compiled lazily: nothing is traced here
+    stripped = acc.unwrap_model(compiled, keep_torch_compile=False)
+    kept = acc.unwrap_model(compiled, keep_torch_compile=True)
+    return {
+        "is_ddp": is_ddp,
+        "stripped_is_inner": stripped is inner,
+        "kept_type": type(kept).__name__,
+        "kept_wraps_inner": getattr(kept, "_orig_mod", None) is inner,
+        "plain_ddp": acc.unwrap_model(prepared) is inner,
+        "flag": getattr(prepared, "_is_accelerator_prepared", None),
+    }
+
+
+def test_unwrap_model_strips_ddp_inside_torch_compile(dist_pool):
+    for result in dist_pool(2).run(unwrap_compiled_ddp):
+        assert result == {
+            "is_ddp": True,
+            "stripped_is_inner": True,
+            "kept_type": "OptimizedModule",
+            "kept_wraps_inner": True,
+            "plain_ddp": True,
+            "flag": True,
+        }
+
+
+@pytest.mark.parametrize("keep_torch_compile", [True, False])
+def test_unwrap_model_strips_data_parallel(keep_torch_compile):
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    inner = torch.nn.Linear(2, 2)
+    data_parallel = torch.nn.DataParallel(inner)
+    assert acc.unwrap_model(data_parallel, keep_torch_compile=keep_torch_compile) is inner
+    unwrapped = acc.unwrap_model(
+        torch.compile(data_parallel), keep_torch_compile=keep_torch_compile
+    )
+    if keep_torch_compile:  # the compiled wrapper stays, around the user's module
+        assert type(unwrapped).__name__ == "OptimizedModule"
+        assert unwrapped._orig_mod is inner
+    else:
+        assert unwrapped is inner
+
+
+# -- the device chosen by the environment ------------------------------------------------------
+def device_and_parameters():
+    from cadence import Accelerator, PartialState
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(1, 1))
+    return str(acc.device), str(PartialState().device), next(model.parameters()).device.type
+
+
+def test_torch_device_variables_choose_the_device_on_every_rank(dist_pool):
+    pool = dist_pool(2)
+    # Without a variable several CPU processes report cpu:0, as the reference does.
+    assert pool.run(device_and_parameters) == [("cpu:0", "cpu:0", "cpu")] * 2
+    chosen = pool.run(device_and_parameters, env={"ACCELERATE_TORCH_DEVICE": "cpu"})
+    assert chosen == [("cpu", "cpu", "cpu")] * 2
+    # Cadence's own name wins over the reference's.
+    both = {"CADENCE_TORCH_DEVICE": "cpu:0", "ACCELERATE_TORCH_DEVICE": "cpu"}
+    assert pool.run(device_and_parameters, env=both) == [("cpu:0", "cpu:0", "cpu")] * 2
+
+
+@pytest.mark.parametrize("variable", ["ACCELERATE_TORCH_DEVICE", "CADENCE_TORCH_DEVICE"])
+def test_torch_device_variable_overrides_cpu_true(monkeypatch, variable):
+    # The reference takes the variable's device even with cpu=True: a meta device proves it.
+    monkeypatch.setenv(variable, "meta")
+    assert device_and_parameters() == ("meta", "meta", "meta")
+
+
+def test_a_bad_torch_device_variable_is_a_clear_error(monkeypatch):
+    from cadence import Accelerator
+
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "not-a-device")
+    with pytest.raises(ValueError, match="ACCELERATE_TORCH_DEVICE='not-a-device' is not a torch"):
+        Accelerator(cpu=True)
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE")
+    # Nothing was half set up: the next Accelerator starts cleanly.
+    assert Accelerator(cpu=True).device == torch.device("cpu")
