@@ -202,3 +202,10 @@ def debug_launcher(
         master_addr="127.0.0.1",
         port=_free_port(),
     )
+
+
+def test_launch() -> None:
+    """Check that this process can build its `PartialState` (what a launched worker does first)."""
+    from .state import PartialState
+
+    PartialState()

@@ -19,12 +19,14 @@ def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
 
 
-def convert_outputs_to_fp32(forward: Any) -> Any:
-    @functools.wraps(forward)
-    def forward_in_fp32(*args: Any, **kwargs: Any) -> Any:
-        return recursively_apply(_to_fp32, forward(*args, **kwargs))
+def convert_outputs_to_fp32(model_forward: Any) -> Any:
+    """`model_forward` wrapped so its fp16/bf16 tensor outputs come back in fp32."""
 
-    forward_in_fp32._cadence_wrapped_forward = forward  # type: ignore[attr-defined]
+    @functools.wraps(model_forward)
+    def forward_in_fp32(*args: Any, **kwargs: Any) -> Any:
+        return recursively_apply(_to_fp32, model_forward(*args, **kwargs))
+
+    forward_in_fp32._cadence_wrapped_forward = model_forward  # type: ignore[attr-defined]
     return forward_in_fp32
 
 

@@ -17,6 +17,8 @@ import torch.distributed as dist
 
 from .enums import DistributedType, PrecisionType
 from .launch_config import read_launch_config
+from .shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
+from .shared_state import do_nothing as do_nothing
 from .topology import Topology, detect_topology
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
@@ -526,3 +528,8 @@ def reset_state(destroy_process_group: bool = False) -> None:
     AcceleratorState._reset_state()
     PartialState._reset_state()
     GradientState._reset_state()
+
+
+def is_initialized() -> bool:
+    """Whether an `AcceleratorState` (hence an `Accelerator`) has been created in this process."""
+    return AcceleratorState._shared_state != {}
