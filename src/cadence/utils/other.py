@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..commands.config_defaults import (
+from ..config import (
     write_basic_config,
 )
 from ..model_helpers import (
