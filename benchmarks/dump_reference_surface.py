@@ -51,7 +51,11 @@ def describe_signature(obj: object) -> list[list] | None:
         return None
     parameters = []
     for parameter in signature.parameters.values():
-        default = None if parameter.default is inspect.Parameter.empty else default_repr(parameter.default)
+        default = (
+            None
+            if parameter.default is inspect.Parameter.empty
+            else default_repr(parameter.default)
+        )
         parameters.append([parameter.name, parameter.kind.name, default])
     return parameters
 
@@ -132,7 +136,10 @@ def walk_modules() -> list[str]:
     root = importlib.import_module(REFERENCE)
     found = [REFERENCE]
     for info in pkgutil.walk_packages(root.__path__, prefix=f"{REFERENCE}."):
-        if info.name.startswith(SKIPPED_PREFIXES) and info.name != f"{REFERENCE}.test_utils.scripts":
+        if (
+            info.name.startswith(SKIPPED_PREFIXES)
+            and info.name != f"{REFERENCE}.test_utils.scripts"
+        ):
             continue
         found.append(info.name)
     return sorted(found)
@@ -182,7 +189,9 @@ def main() -> int:
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     total = sum(len(names) for names in modules.values())
-    print(f"{len(modules)} module paths, {total} names, {len(unimportable)} unimportable -> {OUTPUT}")
+    print(
+        f"{len(modules)} module paths, {total} names, {len(unimportable)} unimportable -> {OUTPUT}"
+    )
     return 0
 
 
