@@ -18,7 +18,17 @@ def _model() -> torch.nn.Module:
     )
 
 
-def _peak_of(step) -> int:  # type: ignore[no-untyped-def]
+def _training_peak(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, backward, batch: torch.Tensor
+) -> int:  # type: ignore[no-untyped-def]
+    """Peak CUDA memory of one training step, after a first step created the optimizer states."""
+
+    def step() -> None:
+        backward(model(batch).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step()
@@ -34,30 +44,17 @@ def main() -> None:
         sys.exit(0)
     device = torch.device("cuda", torch.cuda.current_device())
     batch = torch.randn(64, 1024, device=device)
-
     plain = _model().to(device)
-    plain_optimizer = torch.optim.AdamW(plain.parameters())
-
-    def plain_step() -> None:
-        plain(batch).pow(2).mean().backward()
-        plain_optimizer.step()
-        plain_optimizer.zero_grad()
-
-    plain_step()  # optimizer states exist from here on, in both runs
-    plain_peak = _peak_of(plain_step)
-    del plain, plain_optimizer
+    plain_peak = _training_peak(
+        plain, torch.optim.AdamW(plain.parameters()), lambda loss: loss.backward(), batch
+    )
+    plain = None
     torch.cuda.empty_cache()
 
     accelerator = Accelerator()
-    model, optimizer = accelerator.prepare(_model(), torch.optim.AdamW(_model().parameters()))
-
-    def cadence_step() -> None:
-        accelerator.backward(model(batch).pow(2).mean())
-        optimizer.step()
-        optimizer.zero_grad()
-
-    cadence_step()
-    cadence_peak = _peak_of(cadence_step)
+    model = _model()
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    cadence_peak = _training_peak(model, optimizer, accelerator.backward, batch)
     limit = plain_peak * 1.1 + 2**20
     check(
         cadence_peak <= limit,
