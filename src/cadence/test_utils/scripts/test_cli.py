@@ -12,6 +12,7 @@ from cadence.test_utils.scripts._checks import check
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     state = PartialState()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check(

@@ -34,6 +34,7 @@ def test_ddp_comm_hook(
     comm_wrapper: DDPCommunicationHookType,
     comm_state_option: dict,
 ) -> None:
+    """Check ddp comm hook (raises AssertionError on failure)."""
     handler = DistributedDataParallelKwargs(
         comm_hook=comm_hook, comm_wrapper=comm_wrapper, comm_state_option=comm_state_option
     )
@@ -54,6 +55,7 @@ def test_ddp_comm_hook(
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     cases = [
         (DDPCommunicationHookType.NO, DDPCommunicationHookType.NO, {}),
         (DDPCommunicationHookType.FP16, DDPCommunicationHookType.NO, {}),

@@ -38,6 +38,7 @@ class DummyIterableDataset(IterableDataset):
 
 
 def create_accelerator(even_batches: bool = True) -> Accelerator:
+    """A fresh Accelerator (process state reset first) with the given `even_batches`."""
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     from cadence.utils import DataLoaderConfiguration
@@ -50,6 +51,7 @@ def create_accelerator(even_batches: bool = True) -> Accelerator:
 def batch_sizes(
     accelerator: Accelerator, length: int, batch_size: int, iterable: bool = False
 ) -> list[int]:
+    """The sizes of the batches this process gets from a prepared loader over `length` samples."""
     dataset = (
         DummyIterableDataset([float(i) for i in range(length)])
         if iterable
@@ -60,6 +62,7 @@ def batch_sizes(
 
 
 def test_default_ensures_even_batch_sizes() -> None:
+    """Check default ensures even batch sizes (raises AssertionError on failure)."""
     accelerator = create_accelerator()
     n = accelerator.num_processes
     # n*2+1 samples with batch size 1: every process gets 3 batches (samples repeated at the end).
@@ -71,6 +74,7 @@ def test_default_ensures_even_batch_sizes() -> None:
 
 
 def test_can_disable_even_batches() -> None:
+    """Check can disable even batches (raises AssertionError on failure)."""
     accelerator = create_accelerator(even_batches=False)
     n = accelerator.num_processes
     sizes = batch_sizes(accelerator, 2 * n + 1, 1)
@@ -79,6 +83,7 @@ def test_can_disable_even_batches() -> None:
 
 
 def test_can_join_uneven_inputs() -> None:
+    """Check can join uneven inputs (raises AssertionError on failure)."""
     accelerator = create_accelerator(even_batches=False)
     model = accelerator.prepare(torch.nn.Linear(1, 1))
     loader = accelerator.prepare(
@@ -95,6 +100,7 @@ def test_can_join_uneven_inputs() -> None:
 
 
 def test_join_can_override_even_batches() -> None:
+    """Check join can override even batches (raises AssertionError on failure)."""
     accelerator = create_accelerator(even_batches=True)
     model = accelerator.prepare(torch.nn.Linear(1, 1))
     train = accelerator.prepare(DataLoader(DummyDataset(4), batch_size=1))
@@ -117,6 +123,7 @@ def test_join_can_override_even_batches() -> None:
 
 
 def test_iterable_dataset_even_batches() -> None:
+    """Check iterable dataset even batches (raises AssertionError on failure)."""
     accelerator = create_accelerator()
     n = accelerator.num_processes
     sizes = batch_sizes(accelerator, 2 * n + 1, 1, iterable=True)
@@ -126,6 +133,7 @@ def test_iterable_dataset_even_batches() -> None:
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     for test in (
         test_default_ensures_even_batch_sizes,
         test_can_disable_even_batches,

@@ -30,6 +30,7 @@ class TinyModel(torch.nn.Module):
 
 
 def train_and_save(directory: str) -> dict[str, torch.Tensor]:
+    """Train a tiny FSDP2 model two steps, save its sharded state, return its full state dict."""
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="SHARDED_STATE_DICT")
     accelerator = Accelerator(fsdp_plugin=plugin)
     torch.manual_seed(0)
@@ -49,12 +50,14 @@ def train_and_save(directory: str) -> dict[str, torch.Tensor]:
 def check_weights(
     merged: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str
 ) -> None:
+    """Check that merged weights have the expected keys and values."""
     check(sorted(merged) == sorted(expected), f"{what}: keys {sorted(merged)}")
     for name, tensor in expected.items():
         check(torch.allclose(merged[name].float(), tensor.float()), f"{what}: {name} differs")
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     state = PartialState()
     with tempfile.TemporaryDirectory() as tmp:
         from cadence.utils import broadcast_object_list

@@ -31,6 +31,7 @@ def failing_function() -> None:
 
 
 def test_can_initialize(tmp: str) -> None:
+    """Check can initialize (raises AssertionError on failure)."""
     notebook_launcher(basic_function, (tmp,), num_processes=NUM_PROCESSES)
     markers = sorted(os.listdir(tmp))
     check(markers == [f"rank{i}" for i in range(NUM_PROCESSES)], f"processes that ran: {markers}")
@@ -40,6 +41,7 @@ def test_can_initialize(tmp: str) -> None:
 
 
 def test_failure_is_reported() -> None:
+    """Check failure is reported (raises AssertionError on failure)."""
     try:
         notebook_launcher(failing_function, num_processes=NUM_PROCESSES)
     except Exception as error:  # the launcher's error names the failing worker
@@ -52,6 +54,7 @@ def test_failure_is_reported() -> None:
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

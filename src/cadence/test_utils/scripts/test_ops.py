@@ -25,17 +25,20 @@ def create_tensor(state: PartialState) -> torch.Tensor:
 
 
 def test_gather(state: PartialState) -> None:
+    """Check gather (raises AssertionError on failure)."""
     gathered = gather(create_tensor(state))
     expected = list(range(1, state.num_processes**2 + 1))
     check(gathered.tolist() == expected, f"gather gave {gathered.tolist()}, expected {expected}")
 
 
 def test_gather_object(state: PartialState) -> None:
+    """Check gather object (raises AssertionError on failure)."""
     gathered = gather_object([state.process_index])
     check(gathered == list(range(state.num_processes)), f"gather_object gave {gathered}")
 
 
 def test_gather_non_contiguous(state: PartialState) -> None:
+    """Check gather non contiguous (raises AssertionError on failure)."""
     tensor = (
         torch.arange(12, device=state.device).reshape(4, 3).t()
     )  # a transposed, non-contiguous view
@@ -48,6 +51,7 @@ def test_gather_non_contiguous(state: PartialState) -> None:
 
 
 def test_broadcast(state: PartialState) -> None:
+    """Check broadcast (raises AssertionError on failure)."""
     tensor = create_tensor(state)
     received = broadcast(tensor)
     expected = list(range(1, state.num_processes + 1))
@@ -55,6 +59,7 @@ def test_broadcast(state: PartialState) -> None:
 
 
 def test_pad_across_processes(state: PartialState) -> None:
+    """Check pad across processes (raises AssertionError on failure)."""
     tensor = torch.ones(state.process_index + 1, device=state.device)
     padded = pad_across_processes(tensor)
     check(padded.shape[0] == state.num_processes, f"padded length {padded.shape[0]}")
@@ -66,6 +71,7 @@ def test_pad_across_processes(state: PartialState) -> None:
 
 
 def test_reduce_sum(state: PartialState) -> None:
+    """Check reduce sum (raises AssertionError on failure)."""
     total = reduce(create_tensor(state), reduction="sum")
     n = state.num_processes
     expected = [float(sum(r * n + i + 1 for r in range(n))) for i in range(n)]
@@ -73,6 +79,7 @@ def test_reduce_sum(state: PartialState) -> None:
 
 
 def test_reduce_mean(state: PartialState) -> None:
+    """Check reduce mean (raises AssertionError on failure)."""
     mean = reduce(create_tensor(state), reduction="mean")
     n = state.num_processes
     expected = [sum(r * n + i + 1 for r in range(n)) / n for i in range(n)]
@@ -80,6 +87,7 @@ def test_reduce_mean(state: PartialState) -> None:
 
 
 def test_reduce_max(state: PartialState) -> None:
+    """Check reduce max (raises AssertionError on failure)."""
     largest = reduce(create_tensor(state), reduction="max")
     n = state.num_processes
     expected = [float((n - 1) * n + i + 1) for i in range(n)]
@@ -99,12 +107,14 @@ def test_op_checker(state: PartialState) -> None:
 
 
 def test_copy_tensor_to_devices(state: PartialState) -> None:
+    """Check copy tensor to devices (raises AssertionError on failure)."""
     source = torch.tensor([1.0, 2.0, 3.0]) if state.is_main_process else None
     copied = copy_tensor_to_devices(source)
     check(copied.tolist() == [1.0, 2.0, 3.0], f"copy_tensor_to_devices gave {copied.tolist()}")
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     state = PartialState()
     state.print(f"State: {state}")
     for test in (

@@ -137,6 +137,7 @@ def reinstantiated_state_check() -> None:
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     accelerator = Accelerator(cpu=True)
     state = accelerator.state
     if accelerator.is_local_main_process:

@@ -140,6 +140,7 @@ def test_dataloader_break(accelerator: Accelerator) -> None:
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     accelerator = Accelerator(cpu=True)
     accelerator.print("testing no_sync on one process")
     test_noop_sync(accelerator)

@@ -17,6 +17,7 @@ from cadence.utils import ProjectConfiguration, broadcast_object_list, set_seed
 
 
 def make(project_dir: str, total_limit: int | None = None) -> tuple:
+    """A fresh Accelerator with a prepared regression model, optimizer, scheduler and loader."""
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     config = ProjectConfiguration(
@@ -32,6 +33,7 @@ def make(project_dir: str, total_limit: int | None = None) -> tuple:
 
 
 def train(accelerator: Accelerator, model, optimizer, scheduler, loader, epochs: int) -> None:  # type: ignore[no-untyped-def]
+    """Train for `epochs` passes over the loader."""
     for _ in range(epochs):
         for batch in loader:
             loss = torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
@@ -42,11 +44,13 @@ def train(accelerator: Accelerator, model, optimizer, scheduler, loader, epochs:
 
 
 def parameters(accelerator: Accelerator, model) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """The (a, b) parameters of the regression model."""
     inner = accelerator.unwrap_model(model)
     return inner.a.item(), inner.b.item()
 
 
 def test_resume_continues_exactly(project_dir: str) -> None:
+    """Check resume continues exactly (raises AssertionError on failure)."""
     accelerator, model, optimizer, scheduler, loader = make(project_dir)
     train(accelerator, model, optimizer, scheduler, loader, 1)
     accelerator.save_state()
@@ -64,6 +68,7 @@ def test_resume_continues_exactly(project_dir: str) -> None:
 
 
 def test_total_limit_prunes(project_dir: str) -> None:
+    """Check total limit prunes (raises AssertionError on failure)."""
     accelerator, model, optimizer, scheduler, loader = make(project_dir, total_limit=2)
     for _ in range(3):
         train(accelerator, model, optimizer, scheduler, loader, 1)
@@ -74,6 +79,7 @@ def test_total_limit_prunes(project_dir: str) -> None:
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     with tempfile.TemporaryDirectory() as tmp:
         shared = broadcast_object_list([tmp])[0]  # one folder for all processes (same machine)
         test_resume_continues_exactly(os.path.join(shared, "resume"))

@@ -7,6 +7,7 @@ from cadence.test_utils.scripts._checks import check
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     from cadence.utils import DeepSpeedSequenceParallelConfig
 
     try:

@@ -14,6 +14,7 @@ from cadence.utils import DataLoaderConfiguration
 
 
 def baseline(length: int, batch_size: int) -> torch.Tensor:
+    """Predictions of a one-process evaluation, in dataset order."""
     model = RegressionModel(a=1.5, b=-0.5)
     model.first_batch = False
     loader = DataLoader(RegressionDataset(length=length, seed=7), batch_size=batch_size)
@@ -24,6 +25,7 @@ def baseline(length: int, batch_size: int) -> torch.Tensor:
 def distributed(
     length: int, batch_size: int, split_batches: bool, dispatch_batches: bool
 ) -> torch.Tensor:
+    """Predictions gathered with gather_for_metrics from a prepared evaluation."""
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     config = DataLoaderConfiguration(split_batches=split_batches, dispatch_batches=dispatch_batches)
@@ -40,6 +42,7 @@ def distributed(
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     n = PartialState().num_processes
     for length in (64, 82, 8 * n + 3):
         for split_batches in (False, True):

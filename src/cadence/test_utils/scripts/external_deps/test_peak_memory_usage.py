@@ -37,6 +37,7 @@ def _training_peak(
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     if not torch.cuda.is_available():
         print(
             "test_peak_memory_usage: SKIPPED, this check measures CUDA memory and no GPU is available."

@@ -15,6 +15,7 @@ from cadence.utils import set_seed
 
 
 def training_function(mixed_precision: str, epochs: int) -> tuple[float, float]:
+    """Train the regression model and return its learned (a, b)."""
     accelerator = Accelerator(mixed_precision=mixed_precision)
     set_seed(0)
     model = RegressionModel()
@@ -34,6 +35,7 @@ def training_function(mixed_precision: str, epochs: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     parser = argparse.ArgumentParser(description="Check that training converges.")
     parser.add_argument("--mixed_precision", default="no", choices=["no", "fp16", "bf16"])
     parser.add_argument("--num_epochs", type=int, default=4)

@@ -26,6 +26,7 @@ class Stack(torch.nn.Module):
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     if importlib.util.find_spec("cadence.inference") is None:
         sys.exit(
             "test_pippy: cadence.inference.prepare_pippy (big-model inference) is not available in this build."

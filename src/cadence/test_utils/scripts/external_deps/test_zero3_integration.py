@@ -13,6 +13,7 @@ from cadence.test_utils.scripts._checks import check
 
 
 def main() -> None:
+    """Run every check of this script on this process; the first failure raises."""
     if not is_deepspeed_available():
         sys.exit("test_zero3_integration needs DeepSpeed: pip install deepspeed")
     from cadence import Accelerator, DeepSpeedPlugin
