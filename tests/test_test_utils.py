@@ -201,12 +201,22 @@ def test_examples_helpers():
         get_function_contents_by_name(lines, "other")
 
 
-SCRIPTS = ["test_ops", "test_sync", "test_script", "test_distributed_data_loop"]
+SCRIPTS = [
+    "test_ops",
+    "test_sync",
+    "test_script",
+    "test_distributed_data_loop",
+    "test_cli",
+    "test_ddp_comm_hook",
+    "test_merge_weights",
+    "external_deps/test_checkpointing",
+    "external_deps/test_metrics",
+]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_bundled_script_passes_on_two_processes(script):
-    path = path_in_accelerate_package("test_utils", "scripts", f"{script}.py")
+    path = path_in_accelerate_package("test_utils", "scripts", *f"{script}.py".split("/"))
     assert path.is_file()
     command = [
         sys.executable,
@@ -222,10 +232,20 @@ def test_bundled_script_passes_on_two_processes(script):
         command, env=os.environ.copy(), quiet=True, echo=False, timeout=300
     )
     assert result.returncode == 0
-    assert any("passed" in line for line in result.stdout), result.stdout[-5:]
+    assert any("passed" in line or "correctly" in line for line in result.stdout), result.stdout[
+        -5:
+    ]
 
 
 def test_bundled_scripts_are_importable_without_running():
     import cadence.test_utils.scripts.test_script as script
 
     assert callable(script.main) and callable(script._mp_fn)
+
+
+def test_bundled_notebook_script_passes_from_a_plain_process():
+    path = path_in_accelerate_package("test_utils", "scripts", "test_notebook.py")
+    result = execute_subprocess_async(
+        [sys.executable, str(path)], env=os.environ.copy(), quiet=True, echo=False, timeout=300
+    )
+    assert "All notebook launcher checks passed." in result.stdout
