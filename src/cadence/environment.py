@@ -324,3 +324,7 @@ def purge_accelerate_environment(func_or_cls: T) -> T:
                 setattr(func_or_cls, name, wrap(member))
         return func_or_cls
     return wrap(func_or_cls)  # type: ignore[return-value]
+
+
+# The same decorator under the package's own name (scripts translated from the reference use it).
+purge_cadence_environment = purge_accelerate_environment

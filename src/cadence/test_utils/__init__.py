@@ -10,6 +10,7 @@ from __future__ import annotations
 from .testing import (
     DEFAULT_LAUNCH_COMMAND,
     AccelerateTestCase,
+    CadenceTestCase,
     MockingTestCase,
     TempDirTestCase,
     are_the_same_tensors,
@@ -64,8 +65,6 @@ from .training import RegressionDataset, RegressionModel
 
 from .scripts import test_ops, test_script, test_sync  # isort: skip  (as in the reference)
 
-# The package's own names for the test-case base and the package-path helper.
-CadenceTestCase = AccelerateTestCase
 
 __all__ = [
     "DEFAULT_LAUNCH_COMMAND",

@@ -547,6 +547,10 @@ class AccelerateTestCase(unittest.TestCase):
         GradientState._reset_state()
 
 
+# The package's own name for the same base class.
+CadenceTestCase = AccelerateTestCase
+
+
 class MockingTestCase(unittest.TestCase):
     """A TestCase that starts mocks created in `setUp` (after `super().setUp()`) and stops them
     after each test: call `self.add_mocks(mock.patch.dict(os.environ, {...}))`."""

@@ -162,6 +162,7 @@ _EXPORTS = {
     "parse_flag_from_env": "cadence.environment",
     "patch_environment": "cadence.environment",
     "purge_accelerate_environment": "cadence.environment",
+    "purge_cadence_environment": "cadence.environment",
     "set_numa_affinity": "cadence.environment",
     "str_to_bool": "cadence.environment",
     "AORecipeKwargs": "cadence.fp8_recipes",

@@ -19,6 +19,7 @@ from ..environment import (
     parse_flag_from_env,
     patch_environment,
     purge_accelerate_environment,
+    purge_cadence_environment,
     set_numa_affinity,
     str_to_bool,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "parse_flag_from_env",
     "patch_environment",
     "purge_accelerate_environment",
+    "purge_cadence_environment",
     "set_numa_affinity",
     "str_to_bool",
 ]
