@@ -168,7 +168,7 @@ def test_prepare_for_launch_sets_ranks(monkeypatch):
     assert env_var_path_add("CADENCE_T_PATH", "/c") == "/a:/b:/c"
 
 
-def test_fsdp_helpers():
+def test_fsdp_helpers(monkeypatch):
     from cadence.utils import (
         disable_fsdp_ram_efficient_loading,
         enable_fsdp_ram_efficient_loading,
@@ -177,8 +177,17 @@ def test_fsdp_helpers():
     )
     from cadence.utils.dataclasses import get_module_class_from_name
 
+    for name in (
+        "ACCELERATE_USE_FSDP",
+        "FSDP_CPU_RAM_EFFICIENT_LOADING",
+    ):  # recorded, so restored after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     enable_fsdp_ram_efficient_loading()
-    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"
+    assert (
+        os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"
+        and os.environ["ACCELERATE_USE_FSDP"] == "True"
+    )
     disable_fsdp_ram_efficient_loading()
     assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "False"
     names = {"_orig_mod.block._checkpoint_wrapped_module.w": 1, "a._orig_mod.b": 2}
