@@ -321,3 +321,22 @@ def test_unsupported_names_import_and_raise_a_clear_error(module, name, args, na
     function = getattr(importlib.import_module(module), name)
     with pytest.raises(NotImplementedError, match=named):
         function(*args)
+
+
+def _write_rank(directory, suffix):
+    from cadence.state import PartialState
+
+    with open(
+        os.path.join(directory, f"rank{PartialState().process_index}{suffix}"), "w"
+    ) as handle:
+        handle.write("ok")
+
+
+def test_debug_launcher_takes_a_functools_partial(tmp_path):
+    # The reference's own scheduler tests launch `functools.partial` objects, which have no __name__.
+    import functools
+
+    from cadence import debug_launcher
+
+    debug_launcher(functools.partial(_write_rank, str(tmp_path), suffix=".txt"), num_processes=2)
+    assert sorted(os.listdir(tmp_path)) == ["rank0.txt", "rank1.txt"]

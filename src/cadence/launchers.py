@@ -51,6 +51,20 @@ def _refuse_initialised_cuda(num_processes: int) -> None:
         )
 
 
+def _named(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, or for a callable without `__name__`/`__qualname__` (a functools.partial, a
+    callable object) a partial of it that has them: torch's elastic agent names the job after the
+    entrypoint."""
+    if hasattr(function, "__name__") and hasattr(function, "__qualname__"):
+        return function
+    import functools
+
+    named = functools.partial(function)
+    name = getattr(getattr(function, "func", None), "__name__", type(function).__name__)
+    named.__name__ = named.__qualname__ = name  # type: ignore[attr-defined]
+    return named
+
+
 def _launch_with_elastic_agent(
     function: Callable[..., Any],
     args: tuple[Any, ...],
@@ -106,7 +120,7 @@ def _launch_with_elastic_agent(
         OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
     ):
         try:
-            elastic_launch(config=config, entrypoint=function)(*args)
+            elastic_launch(config=config, entrypoint=_named(function))(*args)
         except ChildFailedError as error:
             # torch names the lowest failed rank; the rank that failed *first* is the one to report.
             failures = failures_from_error_files(log_dir) or failures_from_elastic(error)
