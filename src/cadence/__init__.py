@@ -38,6 +38,8 @@ _EXPORTS = {
     "FullyShardedDataParallelPlugin": "cadence.plugins",
     "DeepSpeedPlugin": "cadence.plugins",
     "ParallelismConfig": "cadence.plugins",
+    "synchronize_rng_states": "cadence.utils.random",
+    "is_rich_available": "cadence.availability",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

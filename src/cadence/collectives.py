@@ -21,26 +21,31 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 REDUCTIONS = ("sum", "mean", "none", "max")
 
 
-def is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)
+def is_torch_tensor(tensor: Any) -> bool:
+    """Whether `tensor` is a `torch.Tensor`."""
+    return isinstance(tensor, torch.Tensor)
 
 
-def is_namedtuple(value: Any) -> bool:
-    return isinstance(value, tuple) and hasattr(value, "_fields")
+is_tensor = is_torch_tensor  # the name Cadence's modules use
 
 
-def honor_type(like: Any, items: Any) -> Any:
-    """Rebuild a list/tuple/namedtuple of the same type as `like` from `items`."""
-    if is_namedtuple(like):
-        return type(like)(*items)
-    return type(like)(items)
+def is_namedtuple(data: Any) -> bool:
+    """Whether `data` is a namedtuple instance."""
+    return isinstance(data, tuple) and hasattr(data, "_fields")
+
+
+def honor_type(obj: Any, generator: Any) -> Any:
+    """Rebuild a list/tuple/namedtuple of the same type as `obj` from the items of `generator`."""
+    if is_namedtuple(obj):
+        return type(obj)(*generator)
+    return type(obj)(generator)
 
 
 def recursively_apply(
     func: Callable[..., Any],
     data: Any,
     *args: Any,
-    test_type: Callable[[Any], bool] = is_tensor,
+    test_type: Callable[[Any], bool] = is_torch_tensor,
     error_on_other_type: bool = False,
     **kwargs: Any,
 ) -> Any:

@@ -5,7 +5,29 @@ from __future__ import annotations
 import enum
 
 
-class StrEnum(str, enum.Enum):
+class EnumWithContains(enum.EnumMeta):
+    """Enum metaclass whose `in` accepts values too: `"fp16" in PrecisionType` is True."""
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
+    """An enum that prints as its value, lists its values, and accepts values with `in`."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [str(member) for member in cls]
+
+
+class StrEnum(str, enum.Enum, metaclass=EnumWithContains):
     """A str-valued enum that prints as its value and compares equal to it."""
 
     def __str__(self) -> str:
@@ -17,7 +39,7 @@ class StrEnum(str, enum.Enum):
         return [member.value for member in cls]
 
 
-class DistributedType(str, enum.Enum):  # no __str__ override: prints like the reference
+class DistributedType(str, enum.Enum, metaclass=EnumWithContains):  # prints like the reference
     """The kind of distributed training in use (NO, MULTI_GPU, DEEPSPEED, FSDP, ...)."""
 
     NO = "NO"
@@ -29,6 +51,7 @@ class DistributedType(str, enum.Enum):  # no __str__ override: prints like the r
     MULTI_MUSA = "MULTI_MUSA"
     MULTI_XPU = "MULTI_XPU"
     MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
@@ -56,6 +79,7 @@ class RNGType(StrEnum):
     XLA = "xla"
     XPU = "xpu"
     HPU = "hpu"
+    NEURON = "neuron"
     GENERATOR = "generator"
 
 
@@ -93,6 +117,7 @@ class DynamoBackend(StrEnum):
     IPEX = "IPEX"
     TVM = "TVM"
     HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
 
 
 class DDPCommunicationHookType(StrEnum):
@@ -110,3 +135,28 @@ class ComputeEnvironment(str, enum.Enum):
 
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class SageMakerDistributedType(str, enum.Enum, metaclass=EnumWithContains):
+    """SageMaker's distribution modes (Cadence does not launch on SageMaker)."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
+class FP8BackendType(str, enum.Enum, metaclass=EnumWithContains):
+    """The FP8 implementations a recipe can name."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
+class CustomDtype(enum.Enum):
+    """Storage dtypes torch has no dtype for (used when sizing quantized models)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"

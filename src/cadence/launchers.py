@@ -23,7 +23,7 @@ from .hardware import usable_cpu_count, visible_gpu_count
 from .launch_bounds import OVERSUBSCRIBE_ENV, notebook_launcher_problems
 from .rendezvous_store import store_bound_to
 from .settings import LAUNCH_CONFIG_ENV, encode_launch_config, env_bool
-from .state import resolve_mixed_precision
+from .state import PartialState, resolve_mixed_precision
 
 
 class WorkerProcessesFailed(RuntimeError):
@@ -91,6 +91,20 @@ def _refuse_initialised_cuda(num_processes: int) -> None:
         )
 
 
+def _named(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, or for a callable without `__name__`/`__qualname__` (a functools.partial, a
+    callable object) a partial of it that has them: torch's elastic agent names the job after the
+    entrypoint."""
+    if hasattr(function, "__name__") and hasattr(function, "__qualname__"):
+        return function
+    import functools
+
+    named = functools.partial(function)
+    name = getattr(getattr(function, "func", None), "__name__", type(function).__name__)
+    named.__name__ = named.__qualname__ = name  # type: ignore[attr-defined]
+    return named
+
+
 def _launch_with_elastic_agent(
     function: Callable[..., Any],
     args: tuple[Any, ...],
@@ -151,7 +165,7 @@ def _launch_with_elastic_agent(
         store_bound_to(master_addr, int(port), num_nodes > 1) if hosts_store else _nothing(),
     ):
         try:
-            elastic_launch(config=config, entrypoint=function)(*args)
+            elastic_launch(config=config, entrypoint=_named(function))(*args)
         except ChildFailedError as error:
             # torch names the lowest failed rank; the rank that failed *first* is the one to report.
             failures = failures_from_error_files(log_dir) or failures_from_elastic(error)
@@ -259,3 +273,9 @@ def debug_launcher(
         master_addr="127.0.0.1",
         port=_free_port(),
     )
+
+
+def test_launch() -> None:
+    """Check that this process can build its `PartialState` (what a launched worker does first)."""
+
+    PartialState()

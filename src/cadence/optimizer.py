@@ -168,3 +168,24 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+def move_to_device(state: Any, device: Any) -> Any:
+    """Every tensor of a (nested) optimizer state moved to `device`, structure kept.
+
+    Example:
+        >>> move_to_device({"exp_avg": torch.zeros(2)}, "cpu")["exp_avg"].device
+        device(type='cpu')
+    """
+    return send_to_device(state, device)
+
+
+def patch_optimizer_step(accelerated_optimizer: Any, method: Any) -> Any:
+    """`method` (an optimizer's `step`) wrapped to record on `accelerated_optimizer` that it ran
+    (`_accelerate_step_called = True`); a grad scaler that skips the step never calls it."""
+
+    def patched_step(*args: Any, **kwargs: Any) -> Any:
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step

@@ -30,19 +30,19 @@ def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
 
 
-def convert_outputs_to_fp32(forward: Any) -> Any:
-    """Wrap `forward` so that every fp16/bf16 tensor it returns comes back as fp32.
+def convert_outputs_to_fp32(model_forward: Any) -> Any:
+    """Wrap `model_forward` so that every fp16/bf16 tensor it returns comes back as fp32.
 
     Example::
 
         model.forward = convert_outputs_to_fp32(model.forward)
     """
 
-    @functools.wraps(forward)
+    @functools.wraps(model_forward)
     def forward_in_fp32(*args: Any, **kwargs: Any) -> Any:
-        return recursively_apply(_to_fp32, forward(*args, **kwargs))
+        return recursively_apply(_to_fp32, model_forward(*args, **kwargs))
 
-    forward_in_fp32._cadence_wrapped_forward = forward  # type: ignore[attr-defined]
+    forward_in_fp32._cadence_wrapped_forward = model_forward  # type: ignore[attr-defined]
     return forward_in_fp32
 
 

@@ -21,10 +21,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .environment import str_to_bool
+
 LAUNCH_CONFIG_ENV = "CADENCE_LAUNCH_CONFIG"
 
-_TRUE = frozenset({"y", "yes", "t", "true", "on", "1"})
-_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
 
 # setting -> (launch-record key or None, environment names in order of precedence)
 ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
@@ -129,12 +129,12 @@ def parse_bool(value: Any, name: str = "value") -> bool:
     """
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError(f"{name} must be a boolean (true/false, yes/no, 1/0), got {value!r}.")
+    try:
+        return bool(str_to_bool(value, to_bool=True))  # the one parser: its words, its rules
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a boolean (true/false, yes/no, 1/0), got {value!r}."
+        ) from None
 
 
 def env_text(name: str, default: str | None = None) -> str | None:

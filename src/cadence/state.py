@@ -24,6 +24,8 @@ from .input_errors import forgotten_state_error
 from .plugins.resolve import ParallelPlugins, configure_state
 from .precision_choice import parse_mixed_precision
 from .settings import device_from_env, read_launch_config, resolve, resolve_flag
+from .shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
+from .shared_state import do_nothing as do_nothing
 from .topology import Topology, detect_topology
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
@@ -626,3 +628,8 @@ def reset_state(destroy_process_group: bool = False) -> None:
     AcceleratorState._reset_state()
     PartialState._reset_state()
     GradientState._reset_state()
+
+
+def is_initialized() -> bool:
+    """Whether an `AcceleratorState` (hence an `Accelerator`) has been created in this process."""
+    return AcceleratorState._shared_state != {}

@@ -13,6 +13,12 @@ from .atomic import (
     recover_interrupted_commit,
     temporary_dir_for,
 )
+from .custom_state import (
+    load_accelerator_state,
+    load_custom_state,
+    save_accelerator_state,
+    save_custom_state,
+)
 from .errors import (
     CheckpointCommitError,
     CheckpointCorruptError,
@@ -73,7 +79,9 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load",
+    "load_accelerator_state",
     "load_checkpoint_in_model",
+    "load_custom_state",
     "load_state_dict",
     "new_token",
     "next_iteration",
@@ -86,6 +94,8 @@ __all__ = [
     "recover_interrupted_commit",
     "restore_rng_state",
     "save",
+    "save_accelerator_state",
+    "save_custom_state",
     "save_model",
     "temporary_dir_for",
     "verify",

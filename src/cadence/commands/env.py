@@ -107,3 +107,21 @@ def env_command(args: argparse.Namespace) -> int:
     else:
         print(f"\t{config}")
     return 0
+
+
+def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The `env` parser: added to `subparsers` when given, standalone otherwise."""
+    from .parser_compat import (
+        command_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+
+    return command_parser(register, "env", subparsers)
+
+
+def main() -> int:
+    """Run `cadence env` with the process arguments."""
+    from .parser_compat import (
+        run_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+
+    return run_parser(env_command_parser())

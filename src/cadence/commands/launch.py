@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import sys
 from pathlib import Path
@@ -100,3 +101,120 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     except KeyboardInterrupt:  # Ctrl-C before torch elastic took over the signals
         print("cadence launch: interrupted", file=sys.stderr)
         return 130
+
+
+# -- the reference's module-level names ------------------------------------------------------
+# Option -> help-section title, used by the reference's help formatter to show only the sections
+# of the platforms named on the command line.
+options_to_group = {
+    "multi_gpu": "Distributed GPUs",
+    "tpu": "TPU",
+    "use_deepspeed": "DeepSpeed Arguments",
+    "use_fsdp": "FSDP Arguments",
+    "use_megatron_lm": "Megatron-LM Arguments",
+    "fp8_backend": "FP8 Arguments",
+}
+
+
+def clean_option(option: str) -> str | None:
+    """`--some-flag` -> `some_flag` (any `--fp8_backend...` -> `fp8_backend`); None for a non-flag.
+
+    Example:
+        >>> clean_option("--num-processes")
+        'num_processes'
+    """
+    if "fp8_backend" in option:
+        option = "--fp8_backend"
+    if option.startswith("--"):
+        return option[2:].replace("-", "_")
+    return None
+
+
+class CustomHelpFormatter(argparse.HelpFormatter):
+    """A help formatter that lists each option once, in its underscore spelling (`--num_processes`
+    rather than also `--num-processes`), and drops empty sections."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        spellings = [s for s in action.option_strings if "-" not in s[2:]]
+        if spellings and spellings != action.option_strings:
+            action = copy.copy(action)  # the parser keeps both spellings; only the help lists one
+            action.option_strings = spellings
+        super().add_argument(action)
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The `launch` parser: added to `subparsers` when given, standalone otherwise.
+
+    Example:
+        >>> args = launch_command_parser().parse_args(["--num_processes", "2", "train.py"])
+    """
+    from .parser_compat import (
+        command_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+
+    return command_parser(register, "launch", subparsers)
+
+
+def _run_namespace(args: argparse.Namespace) -> None:
+    """Start the job `args` describes and wait; a failure raises CalledProcessError."""
+    import subprocess
+
+    code = launch_command(args)
+    if code:
+        raise subprocess.CalledProcessError(
+            returncode=code, cmd=["cadence", "launch", str(args.training_script)]
+        )
+
+
+def simple_launcher(args: argparse.Namespace) -> None:
+    """Run the script of `args` (one process, or what `args` asks for) and wait for it."""
+    _run_namespace(args)
+
+
+def multi_gpu_launcher(args: argparse.Namespace) -> None:
+    """Run the script of `args` on several processes through the elastic agent and wait."""
+    _run_namespace(args)
+
+
+def deepspeed_launcher(args: argparse.Namespace) -> None:
+    """Run the script of `args` with DeepSpeed settings and wait."""
+    _run_namespace(args)
+
+
+def tpu_launcher(args: argparse.Namespace) -> None:
+    """Launch on a TPU VM (unsupported: Cadence runs on CPUs and GPUs)."""
+    from ..unsupported.torch_xla import (
+        tpu_launcher as unsupported_tpu_launcher,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+
+    unsupported_tpu_launcher(args)
+
+
+def tpu_pod_launcher(args: argparse.Namespace) -> None:
+    """Launch on a TPU pod (unsupported: Cadence runs on CPUs and GPUs)."""
+    from ..unsupported.torch_xla import (
+        tpu_pod_launcher as unsupported_tpu_pod_launcher,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+
+    unsupported_tpu_pod_launcher(args)
+
+
+def sagemaker_launcher(sagemaker_config: Any, args: argparse.Namespace) -> None:
+    """Start a SageMaker job (unsupported)."""
+    from ..unsupported.sagemaker import (
+        sagemaker_launcher as unsupported_sagemaker_launcher,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+
+    unsupported_sagemaker_launcher(sagemaker_config, args)
+
+
+def main() -> int:
+    """`cadence-launch`-style entry point: parse the process arguments as `cadence launch` does."""
+    from .parser_compat import (
+        run_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    )
+
+    return run_parser(launch_command_parser())

@@ -21,17 +21,17 @@ def is_main_process() -> bool:
     return PartialState().is_main_process
 
 
-def on_main_process(method: _Method) -> _Method:
+def on_main_process(function: _Method) -> _Method:
     """Run a tracker method only on the main process when its tracker has `main_process_only` set.
 
     The check happens at call time, so defining or building a tracker never creates the process state.
     """
 
-    @functools.wraps(method)
+    @functools.wraps(function)
     def run_if_allowed(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "main_process_only", True) and not is_main_process():
             return None
-        return method(self, *args, **kwargs)
+        return function(self, *args, **kwargs)
 
     return run_if_allowed  # type: ignore[return-value]
 

@@ -1,0 +1,41 @@
+"""The reference's `commands.config.default` path: `write_basic_config` and `config default`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..config_cmd import default_command
+from ..config_file import write_basic_config
+
+description = "Create a default config file for Cadence with only a few flags set."
+
+
+def default_command_parser(
+    parser: Any, parents: list[argparse.ArgumentParser]
+) -> argparse.ArgumentParser:
+    """Add the `default` subcommand to the subparsers `parser` (with `parents`' options)."""
+    default = parser.add_parser(
+        "default", parents=parents, help=description, description=description
+    )
+    default.add_argument(
+        "--config_file", "--config-file", default=None, help="Where to write the config file."
+    )
+    default.add_argument(
+        "--mixed_precision",
+        "--mixed-precision",
+        choices=["no", "fp16", "bf16"],
+        type=str.lower,
+        default="no",
+        help="Mixed precision to record in the file (default: no).",
+    )
+    default.set_defaults(func=default_config_command)
+    return default
+
+
+def default_config_command(args: argparse.Namespace) -> int:
+    """Write the basic config for this machine to `args.config_file` (default location if None)."""
+    return default_command(args)
+
+
+__all__ = ["default_command_parser", "default_config_command", "description", "write_basic_config"]

@@ -1,0 +1,38 @@
+"""The reference's `commands.config.update` path: `config update` (home: `cadence.commands.config_file`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..config_cmd import update_command
+from ..config_file import update_config_file
+
+description = "Update an existing config file with the latest defaults while keeping its settings."
+
+
+def update_command_parser(
+    parser: Any, parents: list[argparse.ArgumentParser]
+) -> argparse.ArgumentParser:
+    """Add the `update` subcommand to the subparsers `parser` (with `parents`' options)."""
+    update = parser.add_parser("update", parents=parents, help=description, description=description)
+    update.add_argument(
+        "--config_file", "--config-file", default=None, help="The config file to update."
+    )
+    update.set_defaults(func=update_config_command)
+    return update
+
+
+def update_config(args: argparse.Namespace) -> Path:
+    """Rewrite `args.config_file` (default location if None) in the current format; returns its path."""
+    path, _notes = update_config_file(args.config_file)
+    return path
+
+
+def update_config_command(args: argparse.Namespace) -> int:
+    """`config update`: rewrite the file and say what changed."""
+    return update_command(args)
+
+
+__all__ = ["description", "update_command_parser", "update_config", "update_config_command"]

@@ -1,0 +1,238 @@
+"""FSDP helpers of the public API (the reference's `fsdp_utils`): RAM-efficient-loading switches,
+parameter-name canonicalisation, the FSDP2 grad scaler, optimizer parameter switching, wrap policy.
+
+Saving and loading FSDP state is done by `Accelerator.save_state` / `load_state` /
+`save_model` (see `cadence.strategies.sharded_state`); the reference's low-level functions that
+take the Accelerator raise and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .checkpointing.merge import merge_fsdp_weights
+from .plugins.fsdp import find_module_class
+from .strategies.fsdp_policy import wrap_predicate
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator
+    from .plugins.fsdp import FullyShardedDataParallelPlugin
+
+_USE_ACCELERATOR = (
+    "Cadence does this inside `Accelerator.prepare`, `Accelerator.save_state`/`load_state` and "
+    "`Accelerator.save_model`; use those."
+)
+
+
+def _through_accelerator(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"`{name}` (the reference's internal FSDP step) is not provided. {_USE_ACCELERATOR}"
+    )
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Let Transformers load FSDP models on rank 0 only (`FSDP_CPU_RAM_EFFICIENT_LOADING=True`)."""
+    os.environ.setdefault("ACCELERATE_USE_FSDP", "True")
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Load FSDP models on every rank (`FSDP_CPU_RAM_EFFICIENT_LOADING=False`)."""
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
+
+
+def fsdp2_canonicalize_names(named_params: dict[str, Any]) -> dict[str, Any]:
+    """Parameter names without the `_checkpoint_wrapped_module` and `_orig_mod` parts that
+    activation checkpointing and `torch.compile` insert.
+
+    Example:
+        >>> fsdp2_canonicalize_names({"_orig_mod.layer._checkpoint_wrapped_module.w": 1})
+        {'layer.w': 1}
+    """
+    out = {}
+    for name, value in named_params.items():
+        name = name.replace("._checkpoint_wrapped_module", "")
+        name = name.removeprefix("_orig_mod.")
+        out[name.replace("._orig_mod", "")] = value
+    return out
+
+
+def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
+    """A `torch.amp.GradScaler` built with `kwargs` (FSDP2 uses the plain scaler)."""
+    return torch.amp.GradScaler(**kwargs)
+
+
+def fsdp2_switch_optimizer_parameters(
+    optimizer: torch.optim.Optimizer, mapping: dict[Any, Any]
+) -> None:
+    """Replace, in place, each optimizer parameter by `mapping[param.data_ptr]` (its sharded version).
+
+    Raises:
+        KeyError: a parameter has no entry in `mapping` (training would silently not update it).
+    """
+    try:
+        for group in optimizer.param_groups:
+            group["params"] = [mapping[param.data_ptr] for param in group["params"]]
+    except KeyError:
+        raise KeyError(
+            "A parameter in the optimizer couldn't be switched to its sharded version. This breaks the training: "
+            "create the optimizer from the model's parameters before calling prepare()."
+        ) from None
+
+
+def get_parameters_from_modules(
+    modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: Any
+) -> set[torch.nn.Parameter]:
+    """The parameters of `modules`; a string is a regex matched against `model`'s module names (the
+    matching modules are moved to `device`)."""
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        matched = []
+        for name, module in model.named_modules():
+            if pattern.fullmatch(name):
+                module.to(device)
+                matched.append(module)
+        modules = matched
+    return {parameter for module in modules for parameter in module.parameters()}
+
+
+def ensure_weights_retied(
+    param_init_fn: Callable[[torch.nn.Module], Any], model: torch.nn.Module, device: torch.device
+) -> Callable[[torch.nn.Module], Any]:
+    """Wrap an FSDP `param_init_fn` so weights listed in `model._tied_weights_keys` stay tied after
+    initialisation (it re-assigns the first initialised copy to the other names)."""
+    tied_names = getattr(model, "_tied_weights_keys", None)
+    if not tied_names:
+        return param_init_fn
+    tied_ids = set()
+    for name in tied_names:
+        owner, _, attribute = name.rpartition(".")
+        tied_ids.add(id(getattr(model.get_submodule(owner), attribute)))
+    initialised: dict[int, torch.nn.Parameter] = {}
+
+    def init_keeping_ties(module: torch.nn.Module) -> Any:
+        before = {n: id(p) for n, p in module.named_parameters(recurse=False) if id(p) in tied_ids}
+        result = param_init_fn(module)
+        for name, original_id in before.items():
+            if original_id in initialised:
+                setattr(module, name, initialised[original_id])
+            else:
+                initialised[original_id] = getattr(module, name)
+        return result
+
+    return init_keeping_ties
+
+
+def fsdp2_prepare_auto_wrap_policy(
+    fsdp2_plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module
+) -> Callable[[torch.nn.Module], bool] | None:
+    """The plugin's auto wrap policy as a `module -> bool` test for `model` (None: no policy)."""
+    return wrap_predicate(fsdp2_plugin, model)
+
+
+def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
+    """The class named `name` among `module` and its submodules, or None.
+
+    Example:
+        >>> get_module_class_from_name(torch.nn.Sequential(torch.nn.ReLU()), "ReLU")
+        <class 'torch.nn.modules.activation.ReLU'>
+    """
+    return find_module_class(module, name)
+
+
+def fsdp2_prepare_model(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """Shard a model with FSDP2 (done by `Accelerator.prepare` in Cadence)."""
+    raise _through_accelerator("fsdp2_prepare_model")
+
+
+def fsdp2_apply_ac(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """Apply activation checkpointing for FSDP2 (done by `Accelerator.prepare` in Cadence)."""
+    raise _through_accelerator("fsdp2_apply_ac")
+
+
+def fsdp2_load_full_state_dict(
+    accelerator: Accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False
+) -> None:
+    """Load a full state dict into an FSDP2 model (done by `Accelerator.prepare` in Cadence)."""
+    raise _through_accelerator("fsdp2_load_full_state_dict")
+
+
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    output_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Save an FSDP model's weights (use `Accelerator.save_state` / `save_model`)."""
+    raise _through_accelerator("save_fsdp_model")
+
+
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    input_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Load an FSDP model's weights (use `Accelerator.load_state`)."""
+    raise _through_accelerator("load_fsdp_model")
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Accelerator,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    output_dir: str,
+    optimizer_index: int = 0,
+    use_dcp: bool = True,
+) -> None:
+    """Save an FSDP optimizer's state (use `Accelerator.save_state`)."""
+    raise _through_accelerator("save_fsdp_optimizer")
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Accelerator,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    input_dir: str,
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Load an FSDP optimizer's state (use `Accelerator.load_state`)."""
+    raise _through_accelerator("load_fsdp_optimizer")
+
+
+__all__ = [
+    "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
+    "ensure_weights_retied",
+    "fsdp2_apply_ac",
+    "fsdp2_canonicalize_names",
+    "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_auto_wrap_policy",
+    "fsdp2_prepare_model",
+    "fsdp2_switch_optimizer_parameters",
+    "get_fsdp2_grad_scaler",
+    "get_module_class_from_name",
+    "get_parameters_from_modules",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+]

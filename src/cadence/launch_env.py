@@ -1,0 +1,126 @@
+"""Launch-environment helpers of the public API (the reference's `utils.launch`).
+
+`PrepareForLaunch` (the per-process entry of fork/spawn launchers) and `env_var_path_add` are
+real. The reference's `prepare_*_env` builders turn its CLI namespace into a torchrun environment;
+Cadence's launcher builds its plan in `cadence.commands.launch_plan`, so those raise and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .enums import DistributedType
+from .unsupported.sagemaker import prepare_sagemager_args_inputs
+from .unsupported.torch_xla import prepare_tpu
+
+_RANKED_TYPES = (
+    DistributedType.MULTI_GPU,
+    DistributedType.MULTI_MLU,
+    DistributedType.MULTI_MUSA,
+    DistributedType.MULTI_NPU,
+    DistributedType.MULTI_XPU,
+    DistributedType.MULTI_CPU,
+    DistributedType.MULTI_NEURON,
+)
+_USE_CADENCE_LAUNCH = (
+    "Cadence's launcher computes each process's environment itself (cadence.commands.launch_plan): run "
+    "`cadence launch [flags] script.py`, or `cadence launch --dry-run` to print the plan."
+)
+
+
+def env_var_path_add(env_var_name: str, path_to_add: str | os.PathLike) -> str:
+    """The value of the path-list variable `env_var_name` with `path_to_add` appended (not set).
+
+    Example:
+        >>> os.environ["MY_PATH"] = "/a"
+        >>> env_var_path_add("MY_PATH", "/b")
+        '/a:/b'
+    """
+    paths = [part for part in os.environ.get(env_var_name, "").split(":") if part]
+    paths.append(str(path_to_add))
+    return ":".join(paths)
+
+
+class PrepareForLaunch:
+    """Wrap `launcher` so that process `index` of a fork/spawn launch sets its ranks first.
+
+    Args:
+        launcher: the function each process runs.
+        distributed_type: the job's `DistributedType` (or its value).
+        debug: a debug launch (gloo over a file store at `ACCELERATE_DEBUG_RDV_FILE`).
+
+    Example:
+        >>> import torch.multiprocessing as mp
+        >>> mp.start_processes(PrepareForLaunch(train, "MULTI_CPU"), nprocs=2, start_method="spawn")
+    """
+
+    def __init__(
+        self, launcher: Callable[..., Any], distributed_type: str = "NO", debug: bool = False
+    ) -> None:
+        self.launcher = launcher
+        self.distributed_type = DistributedType(distributed_type)
+        self.debug = debug
+
+    def __call__(self, index: int, *args: Any) -> None:
+        if self.debug:
+            import torch.distributed as dist
+
+            world_size = int(os.environ["WORLD_SIZE"])
+            store = dist.FileStore(os.environ["ACCELERATE_DEBUG_RDV_FILE"], world_size)
+            dist.init_process_group("gloo", rank=index, store=store, world_size=world_size)
+        elif self.distributed_type in _RANKED_TYPES:
+            os.environ["LOCAL_RANK"] = str(index)
+            per_node = int(os.environ.get("NPROC", 1))
+            node_rank = int(os.environ.get("NODE_RANK", 0))
+            os.environ["RANK"] = str(per_node * node_rank + index)
+        os.environ["FORK_LAUNCHED"] = "1"
+        self.launcher(*args)
+
+
+def _not_cadence(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"`{name}` builds the reference launcher's environment. {_USE_CADENCE_LAUNCH}"
+    )
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """Command and environment of a one-process launch (see `cadence launch --dry-run`)."""
+    raise _not_cadence("prepare_simple_launcher_cmd_env")
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment of a torchrun launch (see `cadence launch --dry-run`)."""
+    raise _not_cadence("prepare_multi_gpu_env")
+
+
+def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """Command and environment of a DeepSpeed launch (see `cadence launch --dry-run`)."""
+    raise _not_cadence("prepare_deepspeed_cmd_env")
+
+
+def prepare_extend_env_parallelism_config(
+    args: argparse.Namespace, current_env: dict[str, str]
+) -> dict[str, str]:
+    """Parallelism-config variables added to a launch environment (see `cadence launch --dry-run`)."""
+    raise _not_cadence("prepare_extend_env_parallelism_config")
+
+
+def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, str]:
+    """FP8 variables added to a launch environment (see `cadence launch --dry-run`)."""
+    raise _not_cadence("setup_fp8_env")
+
+
+__all__ = [
+    "PrepareForLaunch",
+    "env_var_path_add",
+    "prepare_deepspeed_cmd_env",
+    "prepare_extend_env_parallelism_config",
+    "prepare_multi_gpu_env",
+    "prepare_sagemager_args_inputs",
+    "prepare_simple_launcher_cmd_env",
+    "prepare_tpu",
+    "setup_fp8_env",
+]

@@ -1,0 +1,16 @@
+"""The reference's deprecated `memory_utils` path; import from `cadence` or `cadence.utils` instead."""
+
+from __future__ import annotations
+
+import warnings
+
+from .utils.memory import find_executable_batch_size
+
+warnings.warn(
+    "cadence.memory_utils is deprecated: import `find_executable_batch_size` from `cadence` "
+    "(`from cadence import find_executable_batch_size`).",
+    FutureWarning,
+    stacklevel=2,
+)
+
+__all__ = ["find_executable_batch_size"]

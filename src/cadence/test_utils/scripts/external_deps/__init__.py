@@ -1,0 +1,1 @@
+"""Bundled test scripts that need optional packages (or hardware); each says what it needs."""

@@ -1,0 +1,740 @@
+"""Testing helpers for projects built on Cadence: skip decorators that answer truthfully for this
+machine, test-case bases that reset state or keep a temporary folder, subprocess runners and the
+launch command of the bundled test scripts.
+
+Importing this module (not `import cadence`) inspects the hardware once: `torch_device`,
+`device_count` and `memory_allocated_func` describe this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from ..availability import (
+    is_aim_available,
+    is_bnb_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_dvclive_available,
+    is_fp8_available,
+    is_fp16_available,
+    is_hpu_available,
+    is_import_timer_available,
+    is_matplotlib_available,
+    is_mlflow_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_pandas_available,
+    is_peft_available,
+    is_pippy_available,
+    is_pytest_available,
+    is_schedulefree_available,
+    is_sdaa_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_timm_available,
+    is_torch_xla_available,
+    is_torchao_available,
+    is_torchdata_stateful_dataloader_available,
+    is_torchvision_available,
+    is_trackio_available,
+    is_transformer_engine_available,
+    is_transformer_engine_mxfp8_available,
+    is_transformers_available,
+    is_triton_available,
+    is_wandb_available,
+    is_xpu_available,
+)
+from ..collectives import gather
+from ..environment import check_cuda_fp8_capability, str_to_bool
+from ..state import AcceleratorState, GradientState
+from ..versions import is_torch_version
+
+T = TypeVar("T")
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def get_backend() -> tuple[str, int, Callable[[], int]]:
+    """(device type, device count, function giving allocated device memory) for this machine.
+
+    Example:
+        >>> get_backend()[0]  # on a machine without accelerator
+        'cpu'
+    """
+    if is_cuda_available():
+        return "cuda", torch.cuda.device_count(), torch.cuda.memory_allocated
+    if is_xpu_available():
+        return "xpu", torch.xpu.device_count(), torch.xpu.memory_allocated
+    if is_mps_available(min_version="2.0"):
+        return "mps", 1, torch.mps.current_allocated_memory
+    return "cpu", 1, lambda: 0
+
+
+torch_device, device_count, memory_allocated_func = get_backend()
+
+
+def get_launch_command(**kwargs: Any) -> list[str]:
+    """`["cadence", "launch", ...]` with each keyword as a flag (`True` -> `--k`, else `--k=v`;
+    None and False are left out).
+
+    Example:
+        >>> get_launch_command(num_processes=2, cpu=True)
+        ['cadence', 'launch', '--num_processes=2', '--cpu']
+    """
+    command = ["cadence", "launch"]
+    for key, value in kwargs.items():
+        if isinstance(value, bool):
+            if value:
+                command.append(f"--{key}")
+        elif value is not None:
+            command.append(f"--{key}={value}")
+    return command
+
+
+DEFAULT_LAUNCH_COMMAND = get_launch_command(num_processes=device_count, monitor_interval=0.1)
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> Any:
+    """`str_to_bool` of the variable `key` (1/0), or `default` when unset.
+
+    Raises:
+        ValueError: the variable is set to something other than a yes/no word.
+    """
+    if key not in os.environ:
+        return default
+    try:
+        return str_to_bool(os.environ[key])
+    except ValueError:
+        raise ValueError(f"If set, {key} must be yes or no.") from None
+
+
+_run_slow_tests = parse_flag_from_env("RUN_SLOW", default=False)
+
+
+def skip(test_case: T) -> T:
+    """Skip the decorated test unconditionally."""
+    return unittest.skip("Test was skipped")(test_case)
+
+
+def slow(test_case: T) -> T:
+    """Skip the decorated (slow) test unless RUN_SLOW is set to a true word."""
+    return unittest.skipUnless(_run_slow_tests, "test is slow")(test_case)
+
+
+def _fp8_usable() -> bool:
+    if not is_fp8_available():
+        return False
+    if is_cuda_available():
+        return check_cuda_fp8_capability()
+    return False
+
+
+_at_least_one_tracker = (
+    any(
+        [
+            is_wandb_available(),
+            is_tensorboard_available(),
+            is_trackio_available(),
+            is_swanlab_available(),
+        ]
+    )
+    and not is_comet_ml_available()
+)
+
+
+def require_torch_min_version(test_case: Any = None, version: str | None = None) -> Any:
+    """Skip the decorated test unless torch is at least `version`; usable as
+    `@require_torch_min_version(version="2.4")`."""
+    if test_case is None:
+        return lambda case: require_torch_min_version(case, version=version)
+    return unittest.skipUnless(
+        is_torch_version(">=", version), f"test requires torch version >= {version}"
+    )(test_case)
+
+
+def require_cpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has only a CPU."""
+    return unittest.skipUnless(torch_device == "cpu", "test requires only a CPU")(test_case)
+
+
+def require_non_cpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a GPU."""
+    return unittest.skipUnless(torch_device != "cpu", "test requires a GPU")(test_case)
+
+
+def require_cuda(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a GPU."""
+    return unittest.skipUnless(
+        is_cuda_available() and not is_torch_xla_available(), "test requires a GPU"
+    )(test_case)
+
+
+def require_cuda_or_hpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a GPU or HPU."""
+    return unittest.skipUnless(
+        (is_cuda_available() and not is_torch_xla_available()) or is_hpu_available(),
+        "test requires a GPU or HPU",
+    )(test_case)
+
+
+def require_xpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a XPU."""
+    return unittest.skipUnless(is_xpu_available(), "test requires a XPU")(test_case)
+
+
+def require_cuda_or_xpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a CUDA GPU or XPU."""
+    return unittest.skipUnless(
+        (is_cuda_available() and not is_torch_xla_available()) or is_xpu_available(),
+        "test requires a CUDA GPU or XPU",
+    )(test_case)
+
+
+def require_non_xpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a non-XPU."""
+    return unittest.skipUnless(torch_device != "xpu", "test requires a non-XPU")(test_case)
+
+
+def require_non_hpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a non-HPU."""
+    return unittest.skipUnless(torch_device != "hpu", "test requires a non-HPU")(test_case)
+
+
+def require_fp16(test_case: T) -> T:
+    """Skip the decorated test unless this machine has FP16 support."""
+    return unittest.skipUnless(is_fp16_available(), "test requires FP16 support")(test_case)
+
+
+def require_fp8(test_case: T) -> T:
+    """Skip the decorated test unless this machine has FP8 support."""
+    return unittest.skipUnless(_fp8_usable(), "test requires FP8 support")(test_case)
+
+
+def require_fsdp2(test_case: T) -> T:
+    """Skip the decorated test unless this machine has FSDP2 (torch >= 2.5.0)."""
+    return unittest.skipUnless(
+        is_torch_version(">=", "2.5.0"), "test requires FSDP2 (torch >= 2.5.0)"
+    )(test_case)
+
+
+def require_peft(test_case: T) -> T:
+    """Skip the decorated test unless this machine has PEFT."""
+    return unittest.skipUnless(is_peft_available(), "test requires PEFT")(test_case)
+
+
+def require_mlu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a MLU."""
+    return unittest.skipUnless(is_mlu_available(), "test require a MLU")(test_case)
+
+
+def require_sdaa(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a SDAA."""
+    return unittest.skipUnless(is_sdaa_available(), "test require a SDAA")(test_case)
+
+
+def require_musa(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a MUSA."""
+    return unittest.skipUnless(is_musa_available(), "test require a MUSA")(test_case)
+
+
+def require_npu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a NPU."""
+    return unittest.skipUnless(is_npu_available(), "test require a NPU")(test_case)
+
+
+def require_neuron(test_case: T) -> T:
+    """Skip the decorated test unless this machine has Neuron Cores."""
+    return unittest.skipUnless(is_neuron_available(), "test require Neuron Cores")(test_case)
+
+
+def require_mps(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a `mps` backend support in `torch`."""
+    return unittest.skipUnless(
+        is_mps_available(), "test requires a `mps` backend support in `torch`"
+    )(test_case)
+
+
+def require_huggingface_suite(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the Hugging Face suite."""
+    return unittest.skipUnless(
+        is_transformers_available() and is_datasets_available(),
+        "test requires the Hugging Face suite",
+    )(test_case)
+
+
+def require_datasets(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the datasets library."""
+    return unittest.skipUnless(is_datasets_available(), "test requires the datasets library")(
+        test_case
+    )
+
+
+def require_transformers(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the transformers library."""
+    return unittest.skipUnless(
+        is_transformers_available(), "test requires the transformers library"
+    )(test_case)
+
+
+def require_timm(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the timm library."""
+    return unittest.skipUnless(is_timm_available(), "test requires the timm library")(test_case)
+
+
+def require_torchvision(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the torchvision library."""
+    return unittest.skipUnless(is_torchvision_available(), "test requires the torchvision library")(
+        test_case
+    )
+
+
+def require_triton(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the triton library."""
+    return unittest.skipUnless(is_triton_available(), "test requires the triton library")(test_case)
+
+
+def require_schedulefree(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the schedulefree library."""
+    return unittest.skipUnless(
+        is_schedulefree_available(), "test requires the schedulefree library"
+    )(test_case)
+
+
+def require_bnb(test_case: T) -> T:
+    """Skip the decorated test unless this machine has the bitsandbytes library."""
+    return unittest.skipUnless(is_bnb_available(), "test requires the bitsandbytes library")(
+        test_case
+    )
+
+
+def require_tpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has TPU."""
+    return unittest.skipUnless(is_torch_xla_available(check_is_tpu=True), "test requires TPU")(
+        test_case
+    )
+
+
+def require_non_torch_xla(test_case: T) -> T:
+    """Skip the decorated test unless this machine has an env without TorchXLA."""
+    return unittest.skipUnless(
+        not is_torch_xla_available(), "test requires an env without TorchXLA"
+    )(test_case)
+
+
+def require_single_device(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a single device accelerator."""
+    return unittest.skipUnless(
+        torch_device != "cpu" and device_count == 1, "test requires a single device accelerator"
+    )(test_case)
+
+
+def require_single_gpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a GPU."""
+    return unittest.skipUnless(
+        is_cuda_available() and torch.cuda.device_count() == 1, "test requires a GPU"
+    )(test_case)
+
+
+def require_single_xpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has a XPU."""
+    return unittest.skipUnless(
+        is_xpu_available() and torch.xpu.device_count() == 1, "test requires a XPU"
+    )(test_case)
+
+
+def require_multi_device(test_case: T) -> T:
+    """Skip the decorated test unless this machine has multiple hardware accelerators."""
+    return unittest.skipUnless(device_count > 1, "test requires multiple hardware accelerators")(
+        test_case
+    )
+
+
+def require_multi_gpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has multiple GPUs."""
+    return unittest.skipUnless(
+        is_cuda_available() and torch.cuda.device_count() > 1, "test requires multiple GPUs"
+    )(test_case)
+
+
+def require_multi_xpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has multiple XPUs."""
+    return unittest.skipUnless(
+        is_xpu_available() and torch.xpu.device_count() > 1, "test requires multiple XPUs"
+    )(test_case)
+
+
+def require_multi_gpu_or_xpu(test_case: T) -> T:
+    """Skip the decorated test unless this machine has multiple GPUs or XPUs."""
+    return unittest.skipUnless(
+        (is_cuda_available() or is_xpu_available()) and device_count > 1,
+        "test requires multiple GPUs or XPUs",
+    )(test_case)
+
+
+def require_deepspeed(test_case: T) -> T:
+    """Skip the decorated test unless this machine has DeepSpeed."""
+    return unittest.skipUnless(is_deepspeed_available(), "test requires DeepSpeed")(test_case)
+
+
+def require_tp(test_case: T) -> T:
+    """Skip the decorated test unless this machine has torch version >= 2.3.0 and transformers."""
+    return unittest.skipUnless(
+        is_torch_version(">=", "2.3.0") and is_transformers_available(),
+        "test requires torch version >= 2.3.0 and transformers",
+    )(test_case)
+
+
+def require_tensorboard(test_case: T) -> T:
+    """Skip the decorated test unless this machine has Tensorboard."""
+    return unittest.skipUnless(is_tensorboard_available(), "test requires Tensorboard")(test_case)
+
+
+def require_wandb(test_case: T) -> T:
+    """Skip the decorated test unless this machine has wandb."""
+    return unittest.skipUnless(is_wandb_available(), "test requires wandb")(test_case)
+
+
+def require_trackio(test_case: T) -> T:
+    """Skip the decorated test unless this machine has trackio."""
+    return unittest.skipUnless(is_trackio_available(), "test requires trackio")(test_case)
+
+
+def require_comet_ml(test_case: T) -> T:
+    """Skip the decorated test unless this machine has comet_ml."""
+    return unittest.skipUnless(is_comet_ml_available(), "test requires comet_ml")(test_case)
+
+
+def require_aim(test_case: T) -> T:
+    """Skip the decorated test unless this machine has aim."""
+    return unittest.skipUnless(is_aim_available(), "test requires aim")(test_case)
+
+
+def require_clearml(test_case: T) -> T:
+    """Skip the decorated test unless this machine has clearml."""
+    return unittest.skipUnless(is_clearml_available(), "test requires clearml")(test_case)
+
+
+def require_dvclive(test_case: T) -> T:
+    """Skip the decorated test unless this machine has dvclive."""
+    return unittest.skipUnless(is_dvclive_available(), "test requires dvclive")(test_case)
+
+
+def require_swanlab(test_case: T) -> T:
+    """Skip the decorated test unless this machine has swanlab."""
+    return unittest.skipUnless(is_swanlab_available(), "test requires swanlab")(test_case)
+
+
+def require_pandas(test_case: T) -> T:
+    """Skip the decorated test unless this machine has pandas."""
+    return unittest.skipUnless(is_pandas_available(), "test requires pandas")(test_case)
+
+
+def require_mlflow(test_case: T) -> T:
+    """Skip the decorated test unless this machine has mlflow."""
+    return unittest.skipUnless(is_mlflow_available(), "test requires mlflow")(test_case)
+
+
+def require_pippy(test_case: T) -> T:
+    """Skip the decorated test unless this machine has pippy."""
+    return unittest.skipUnless(is_pippy_available(), "test requires pippy")(test_case)
+
+
+def require_import_timer(test_case: T) -> T:
+    """Skip the decorated test unless this machine has import_timer."""
+    return unittest.skipUnless(is_import_timer_available(), "test requires import_timer")(test_case)
+
+
+def require_transformer_engine(test_case: T) -> T:
+    """Skip the decorated test unless this machine has transformers engine."""
+    return unittest.skipUnless(
+        is_transformer_engine_available(), "test requires transformers engine"
+    )(test_case)
+
+
+def require_transformer_engine_mxfp8(test_case: T) -> T:
+    """Skip the decorated test unless this machine has transformers engine MXFP8 block scaling."""
+    return unittest.skipUnless(
+        is_transformer_engine_mxfp8_available(),
+        "test requires transformers engine MXFP8 block scaling",
+    )(test_case)
+
+
+def require_torchao(test_case: T) -> T:
+    """Skip the decorated test unless this machine has torchao."""
+    return unittest.skipUnless(is_torchao_available(), "test requires torchao")(test_case)
+
+
+def require_matplotlib(test_case: T) -> T:
+    """Skip the decorated test unless this machine has matplotlib."""
+    return unittest.skipUnless(is_matplotlib_available(), "test requires matplotlib")(test_case)
+
+
+def require_trackers(test_case: T) -> T:
+    """Skip the decorated test unless this machine has at least one tracker to be available and for `comet_ml` to not be installed."""
+    return unittest.skipUnless(
+        _at_least_one_tracker,
+        "test requires at least one tracker to be available and for `comet_ml` to not be installed",
+    )(test_case)
+
+
+def require_torchdata_stateful_dataloader(test_case: T) -> T:
+    """Skip the decorated test unless this machine has torchdata.stateful_dataloader."""
+    return unittest.skipUnless(
+        is_torchdata_stateful_dataloader_available(), "test requires torchdata.stateful_dataloader"
+    )(test_case)
+
+
+def run_first(test_case: T) -> T:
+    """Mark the test to run first when pytest-order is installed (`pytest.mark.order(1)`)."""
+    if is_pytest_available():
+        import pytest  # optional dependency
+
+        return pytest.mark.order(1)(test_case)
+    return test_case
+
+
+class TempDirTestCase(unittest.TestCase):
+    """A TestCase with one temporary folder (`self.tmpdir`, a Path) for the whole class, emptied
+    before each test when `clear_on_setup` is True and removed after the last test."""
+
+    clear_on_setup = True
+    tmpdir: Path
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmpdir = Path(tempfile.mkdtemp())
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmpdir, ignore_errors=True)
+
+    def setUp(self) -> None:
+        if self.clear_on_setup:
+            for path in self.tmpdir.iterdir():
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+
+
+class AccelerateTestCase(unittest.TestCase):
+    """A TestCase that resets Cadence's process-wide state (`AcceleratorState`, `GradientState`)
+    after every test, so tests do not leak settings into each other."""
+
+    def tearDown(self) -> None:
+        super().tearDown()
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
+# The package's own name for the same base class.
+CadenceTestCase = AccelerateTestCase
+
+
+class MockingTestCase(unittest.TestCase):
+    """A TestCase that starts mocks created in `setUp` (after `super().setUp()`) and stops them
+    after each test: call `self.add_mocks(mock.patch.dict(os.environ, {...}))`."""
+
+    def add_mocks(self, mocks: Any) -> None:
+        """Start `mocks` (one patcher or a list) now and stop them when the test ends."""
+        self.mocks = list(mocks) if isinstance(mocks, (tuple, list)) else [mocks]
+        for patcher in self.mocks:
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+
+def are_the_same_tensors(tensor: torch.Tensor) -> bool:
+    """Whether every process holds the same `tensor` (gathers it; collective)."""
+
+    local = tensor[None].clone().to(AcceleratorState().device)
+    everyone = gather(local).cpu()
+    return all(torch.equal(row, local[0].cpu()) for row in everyone)
+
+
+class _RunOutput:
+    """Exit code and output lines of a finished subprocess."""
+
+    def __init__(self, returncode: int, stdout: list[str], stderr: list[str]) -> None:
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+async def _pump(stream: Any, sink: list[str], echo_to: Any, label: str, quiet: bool) -> None:
+    while True:
+        line = await stream.readline()
+        if not line:
+            return
+        text = line.decode("utf-8", errors="replace").rstrip()
+        sink.append(text)
+        if not quiet:
+            print(label, text, file=echo_to)
+
+
+async def _run(
+    cmd: list[str], env: Any, stdin: Any, timeout: float | None, quiet: bool, echo: bool
+) -> _RunOutput:
+    if echo:
+        print("\nRunning: ", " ".join(cmd))
+    process = await asyncio.create_subprocess_exec(
+        cmd[0],
+        *cmd[1:],
+        stdin=stdin,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        asyncio.create_task(_pump(process.stdout, out, sys.stdout, "stdout:", quiet)),
+        asyncio.create_task(_pump(process.stderr, err, sys.stderr, "stderr:", quiet)),
+    ]
+    try:
+        await asyncio.wait_for(asyncio.gather(*readers), timeout=timeout)
+    except asyncio.TimeoutError:
+        process.kill()
+        await process.wait()
+        raise RuntimeError(f"'{' '.join(cmd)}' timed out after {timeout} seconds") from None
+    return _RunOutput(await process.wait(), out, err)
+
+
+def execute_subprocess_async(
+    cmd: list[Any],
+    env: dict[str, str] | None = None,
+    stdin: Any = None,
+    timeout: float = 180,
+    quiet: bool = False,
+    echo: bool = True,
+) -> _RunOutput:
+    """Run `cmd`, echoing its output live, and return its exit code and output lines.
+
+    Raises:
+        RuntimeError: the command exits with a non-zero code (the message holds its stderr) or
+            runs longer than `timeout` seconds (it is killed).
+
+    Example:
+        >>> execute_subprocess_async(get_launch_command(num_processes=2, cpu=True) + ["train.py"])
+    """
+    cmd = [str(part) for part in cmd]
+    result = asyncio.run(_run(cmd, env, stdin, timeout, quiet, echo))
+    if result.returncode != 0:
+        stderr = "\n".join(result.stderr)
+        raise RuntimeError(
+            f"'{' '.join(cmd)}' failed with returncode {result.returncode}\n\n"
+            f"The combined stderr from workers follows:\n{stderr}"
+        )
+    return result
+
+
+def pytest_xdist_worker_id() -> int:
+    """This pytest-xdist worker's number (0 without xdist)."""
+    return int(re.sub(r"^gw", "", os.environ.get("PYTEST_XDIST_WORKER", "gw0")))
+
+
+def get_torch_dist_unique_port() -> int:
+    """A master port for launched tests: 29500 plus the xdist worker number."""
+    return 29500 + pytest_xdist_worker_id()
+
+
+class SubprocessCallException(Exception):
+    """A command run by `run_command` failed; the message holds its output."""
+
+
+def run_command(
+    command: list[Any], return_stdout: bool = False, env: dict[str, str] | None = None
+) -> Any:
+    """Run `command` (stderr merged into stdout); return the output when `return_stdout`.
+
+    Raises:
+        SubprocessCallException: the command failed (with its output).
+    """
+    command = [str(part) for part in command]
+    try:
+        output = subprocess.check_output(
+            command, stderr=subprocess.STDOUT, env=env or os.environ.copy()
+        )
+    except subprocess.CalledProcessError as error:
+        raise SubprocessCallException(
+            f"Command `{' '.join(command)}` failed with the following error:\n\n{error.output.decode()}"
+        ) from error
+    return output.decode("utf-8") if return_stdout else None
+
+
+def path_in_accelerate_package(*components: str) -> Path:
+    """A path inside the installed `cadence` package, e.g. the bundled test scripts.
+
+    Example:
+        >>> path_in_accelerate_package("test_utils", "scripts", "test_script.py").is_file()
+        True
+    """
+    return PACKAGE_DIR.joinpath(*components)
+
+
+# The same helper under the package's own name (scripts translated from the reference use it).
+path_in_cadence_package = path_in_accelerate_package
+
+
+@contextmanager
+def assert_exception(
+    exception_class: type[BaseException], msg: str | None = None
+) -> Iterator[None]:
+    """Assert the block raises `exception_class` (with `msg` in its message when given).
+
+    Example:
+        >>> with assert_exception(ValueError, "bad"):
+        ...     raise ValueError("bad input")
+    """
+    try:
+        yield
+    except Exception as error:
+        assert isinstance(error, exception_class), (
+            f"Expected exception of type {exception_class} but got {type(error)}"
+        )
+        if msg is not None:
+            assert msg in str(error), (
+                f"Expected message '{msg}' to be in exception but got '{error}'"
+            )
+        return
+    raise AssertionError(f"Expected exception of type {exception_class} but ran without issue.")
+
+
+def capture_call_output(func: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """What `func(*args, **kwargs)` prints to stdout.
+
+    Example:
+        >>> capture_call_output(print, "hi")
+        'hi\\n'
+    """
+    captured = io.StringIO()
+    original, sys.stdout = sys.stdout, captured
+    try:
+        func(*args, **kwargs)
+    finally:
+        sys.stdout = original
+    return captured.getvalue()
+
+
+# Keep pytest from collecting helpers whose names start with "test".
+__test__ = False

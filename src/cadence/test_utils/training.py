@@ -1,0 +1,72 @@
+"""Tiny models and datasets for testing training loops: y = a*x + b with noise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class RegressionDataset:
+    """`length` samples `{"x": x, "y": a*x + b + noise}` (float32 numpy scalars, noise std 0.1),
+    reproducible with `seed`.
+
+    Example:
+        >>> RegressionDataset(length=4, seed=0)[0].keys()
+        dict_keys(['x', 'y'])
+    """
+
+    def __init__(
+        self, a: float = 2, b: float = 3, length: int = 64, seed: int | None = None
+    ) -> None:
+        generator = np.random.default_rng(seed)
+        self.length = length
+        self.x = generator.normal(size=(length,)).astype(np.float32)
+        self.y = a * self.x + b + generator.normal(scale=0.1, size=(length,)).astype(np.float32)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+class RegressionModel(torch.nn.Module):
+    """`forward(x) = x * a + b` with scalar parameters `a` and `b`; prints the dtypes of the first
+    batch it sees (what mixed-precision tests look at).
+
+    Example:
+        >>> RegressionModel(a=1, b=2)(torch.tensor([1.0]))  # doctest: +SKIP
+        tensor([3.], grad_fn=<AddBackward0>)
+    """
+
+    def __init__(self, a: float = 0, b: float = 0, double_output: bool = False) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor(a).float())
+        self.b = torch.nn.Parameter(torch.tensor(b).float())
+        self.first_batch = True
+
+    def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        if self.first_batch:
+            print(f"Model dtype: {self.a.dtype}, {self.b.dtype}. Input dtype: {x.dtype}")
+            self.first_batch = False
+        return x * self.a + self.b
+
+
+_NEEDS_MRPC = (
+    "`{name}` builds GLUE MRPC dataloaders from the reference repository's test sample files and a "
+    "Hub tokenizer (bert-base-cased); neither ships with Cadence. Build the dataloaders in your test instead."
+)
+
+
+def mocked_dataloaders(accelerator: Any, batch_size: int = 16) -> Any:
+    """MRPC train/eval dataloaders of the reference's test suite (not available in Cadence)."""
+    raise NotImplementedError(_NEEDS_MRPC.format(name="mocked_dataloaders"))
+
+
+def mocked_dataloaders_for_autoregressive_models(accelerator: Any, batch_size: int = 16) -> Any:
+    """Autoregressive-model dataloaders of the reference's test suite (not available in Cadence)."""
+    raise NotImplementedError(
+        _NEEDS_MRPC.format(name="mocked_dataloaders_for_autoregressive_models")
+    )

@@ -1,0 +1,19 @@
+"""The reference's `utils.ao` path (home: `cadence.unsupported.torchao`)."""
+
+from __future__ import annotations
+
+from ..unsupported.torchao import (
+    convert_model_to_fp8_ao,
+    filter_first_and_last_linear_layers,
+    filter_linear_layers,
+    find_first_last_linear_layers,
+    has_ao_layers,
+)
+
+__all__ = [
+    "convert_model_to_fp8_ao",
+    "filter_first_and_last_linear_layers",
+    "filter_linear_layers",
+    "find_first_last_linear_layers",
+    "has_ao_layers",
+]

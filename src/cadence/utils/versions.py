@@ -1,0 +1,13 @@
+"""The reference's `utils.versions` path (home: `cadence.versions`)."""
+
+from __future__ import annotations
+
+from ..versions import (
+    compare_versions,
+    is_torch_version,
+)
+
+__all__ = [
+    "compare_versions",
+    "is_torch_version",
+]
