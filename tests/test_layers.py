@@ -267,3 +267,13 @@ def test_only_the_settings_resolver_reads_the_environment():
         if _ENV_READ.search(line) and not line.lstrip().startswith("#")
     ]
     assert not readers, "read the environment through cadence.settings:\n" + "\n".join(readers)
+
+
+def test_relative_imports_stay_inside_the_package():
+    beyond = []
+    for module, path in sorted(MODULES.items()):
+        package_depth = len(module.split(".")) - (0 if path.name == "__init__.py" else 1)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level > package_depth:
+                beyond.append(f"{module}:{node.lineno}")
+    assert not beyond, "relative imports beyond the top-level package: " + ", ".join(beyond)
