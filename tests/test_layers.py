@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.lazy_exports",
         "cadence.profiling",
         "cadence.prepared",
+        "cadence.cuda_probe",
     ),
     # option records and cross-rank diagnostics (no process state yet)
     ("cadence.diagnostics", "cadence.dataclasses", "cadence.plugins"),

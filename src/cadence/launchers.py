@@ -18,6 +18,8 @@ from .diagnostics.failure_report import (
     failures_from_error_files,
     format_failure_summary,
 )
+from .cuda_probe import NVML_CHECK_ENV, cuda_device_count, cuda_initialized
+from .precision_choice import check_precision_supported
 from .settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from .state import resolve_mixed_precision
 
@@ -46,14 +48,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _refuse_initialised_cuda(num_processes: int) -> None:
-    import torch
+def _refuse_initialised_cuda() -> None:
+    """Refuse to fork when this process already holds a CUDA context (checked before any worker starts)."""
+    from .state import AcceleratorState
 
-    if num_processes > 1 and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if AcceleratorState._shared_state:
+        raise ValueError(
+            "To launch a multi-process training from your notebook, the `Accelerator` should only be "
+            "initialized inside your training function. Restart your notebook and make sure no cell "
+            "initializes an `Accelerator`."
+        )
+    if cuda_initialized():
         raise RuntimeError(
-            "CUDA was already initialised in this notebook, so forked workers cannot use it. Restart "
-            "the kernel and make sure nothing touches CUDA (no `.cuda()`, no Accelerator()) before "
-            "calling notebook_launcher; create the Accelerator inside the training function."
+            "Could not start distributed processes: CUDA has already been initialized in this process "
+            "(the notebook), so the forked workers cannot use it (they would fail with 'Cannot re-initialize "
+            "CUDA in forked subprocess'). Restart your notebook and keep every CUDA call (`.cuda()`, "
+            "`.to('cuda')`, `torch.cuda.*`, imports that initialize CUDA) inside your training function."
         )
 
 
@@ -104,6 +114,9 @@ def _launch_with_elastic_agent(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(port),
         OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+        # Whatever asks torch about CUDA in this process while the agent runs (torch's own agent
+        # included) asks NVML, so the parent never creates the CUDA context that would break fork.
+        **{NVML_CHECK_ENV: "1"},
     ):
         try:
             elastic_launch(config=config, entrypoint=function)(*args)
@@ -152,10 +165,11 @@ def notebook_launcher(
         ):
             function(*args)
         return
-    _refuse_initialised_cuda(num_processes)
-    import torch
-
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _refuse_initialised_cuda()
+    # Counted through NVML: a CUDA context here would make every forked worker fail.
+    gpus = cuda_device_count()
+    backend = "nccl" if gpus > 0 else "gloo"
+    check_precision_supported(mixed_precision, device_type="cuda" if gpus > 0 else "cpu")
     settings = {
         "num_processes": num_processes * num_nodes,
         "num_machines": num_nodes,

@@ -438,7 +438,7 @@ class Accelerator:
         self.step = 0
         objects = tuple(None for _ in objects)
         gc.collect()
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():  # no CUDA context, no cache (and no context created here)
             torch.cuda.empty_cache()
         return objects
 
