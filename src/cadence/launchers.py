@@ -21,7 +21,7 @@ from .diagnostics.failure_report import (
 from .cuda_probe import NVML_CHECK_ENV, cuda_device_count, cuda_initialized
 from .precision_choice import check_precision_supported
 from .settings import LAUNCH_CONFIG_ENV, encode_launch_config
-from .state import resolve_mixed_precision
+from .state import AcceleratorState, resolve_mixed_precision
 
 
 class WorkerProcessesFailed(RuntimeError):
@@ -50,8 +50,6 @@ def _free_port() -> int:
 
 def _refuse_initialised_cuda() -> None:
     """Refuse to fork when this process already holds a CUDA context (checked before any worker starts)."""
-    from .state import AcceleratorState
-
     if AcceleratorState._shared_state:
         raise ValueError(
             "To launch a multi-process training from your notebook, the `Accelerator` should only be "
