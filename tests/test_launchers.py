@@ -175,5 +175,7 @@ def test_notebook_launcher_refuses_an_accelerator_built_in_the_notebook():
     from cadence import Accelerator, notebook_launcher
 
     Accelerator(cpu=True)
-    with pytest.raises(ValueError, match="should only be initialized inside your training function"):
+    with pytest.raises(
+        ValueError, match="should only be initialized inside your training function"
+    ):
         notebook_launcher(print, num_processes=2, use_port=str(free_port()))
