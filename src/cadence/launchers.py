@@ -13,12 +13,12 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
+from .cuda_probe import NVML_CHECK_ENV, cuda_device_count, cuda_initialized
 from .diagnostics.failure_report import (
     failures_from_elastic,
     failures_from_error_files,
     format_failure_summary,
 )
-from .cuda_probe import NVML_CHECK_ENV, cuda_device_count, cuda_initialized
 from .precision_choice import check_precision_supported
 from .settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from .state import AcceleratorState, resolve_mixed_precision
