@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
     # policies and wrappers, given what they need
     (
         "cadence.precision",
+        "cadence.precision_fp8",
         "cadence.optimizer",
         "cadence.scheduler",
         "cadence.data",

@@ -23,7 +23,8 @@ from .collectives import recursively_apply
 from .precision_choice import check_precision_supported as check_precision_supported
 from .precision_choice import parse_mixed_precision as parse_mixed_precision
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8 runs its converted linears in float8 and everything else under bf16 autocast (the reference's way).
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
@@ -65,6 +66,14 @@ class Precision:
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
         """The autocast context of this policy (a no-op here)."""
         return contextlib.nullcontext()
+
+    def convert_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Swap the model's layers for this policy's kind before it is placed and wrapped (fp8 swaps its
+        linears); the others return the model as it is."""
+        return model
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer, models: list[Any]) -> None:
+        """Hook the prepared optimizer into this policy (fp8 with FSDP2 refreshes its scales after a step)."""
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
         """Make `model.forward` run under this policy (nothing to do here)."""

@@ -29,7 +29,7 @@ from ..strategies import StrategyContext, select_strategy
 from ..tracking import TrackerHub
 from .accumulation import GradientAccumulation
 from .preparation import Preparer, model_is_dispatched
-from .settings import AcceleratorSettings
+from .settings import AcceleratorSettings, fp8_recipe_handler
 
 _SPLIT_BATCHES_UNSET = object()
 
@@ -110,6 +110,9 @@ class Accelerator:
         self.autocast_handler = settings.handlers.get("AutocastKwargs")
         self.profile_handler = settings.handlers.get("ProfileKwargs")
         self.fp8_recipe_handler = settings.handlers.get("FP8RecipeKwargs")
+        self.ao_recipe_handler = settings.handlers.get("AORecipeKwargs")
+        self.te_recipe_handler = settings.handlers.get("TERecipeKwargs")
+        self.msamp_recipe_handler = settings.handlers.get("MSAMPRecipeKwargs")
         self.dynamo_plugin = settings.dynamo_plugin
         # Before the process group starts, so a bad log_with fails without side effects.
         self._tracker_hub = TrackerHub(
@@ -142,11 +145,16 @@ class Accelerator:
                 self.state._mixed_precision,
                 self.autocast_handler,
                 self.scaler_handler,
-                self.fp8_recipe_handler,
+                fp8_recipe_handler(settings.handlers),
             ),
             self._prepared,
             self.gradient_state,
         )
+        # fp8 without a recipe handler: the reference exposes the default recipe it chose.
+        backend = getattr(self._strategy.precision, "fp8_backend", None)
+        if backend is not None and fp8_recipe_handler(settings.handlers) is None:
+            name = {"AO": "ao_recipe_handler", "TE": "te_recipe_handler"}[backend]
+            setattr(self, name, self._strategy.precision.recipe_handler)
         self._preparer = Preparer(
             self._strategy,
             self._prepared,

@@ -40,6 +40,12 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "cadence.dataclasses",
     "ProfileKwargs": "cadence.dataclasses",
     "FP8RecipeKwargs": "cadence.dataclasses",
+    "AORecipeKwargs": "cadence.dataclasses",
+    "TERecipeKwargs": "cadence.dataclasses",
+    "MSAMPRecipeKwargs": "cadence.dataclasses",
+    "convert_model_to_fp8_ao": "cadence.precision_fp8",
+    "filter_first_and_last_linear_layers": "cadence.precision_fp8",
+    "has_ao_layers": "cadence.precision_fp8",
     # sharded and model-parallel training
     "FullyShardedDataParallelPlugin": "cadence.plugins",
     "DeepSpeedPlugin": "cadence.plugins",
