@@ -117,15 +117,31 @@ def test_prepared_loader_pins_host_memory_and_delivers_on_the_gpu():
     acc = Accelerator()
     data = TensorDataset(torch.arange(64, dtype=torch.float32).reshape(32, 2), torch.arange(32))
     loader = acc.prepare(DataLoader(data, batch_size=4))
-    assert loader.pin_memory  # pinned because the device is CUDA (the user did not choose)
-    batches = list(loader)
-    assert all(x.is_cuda and y.is_cuda for x, y in batches)
-    assert torch.equal(torch.cat([x for x, _ in batches]).cpu(), data.tensors[0])
+    assert loader.pin_memory  # pinned because the batches go to a CUDA device
+    batches = []
+    for x, y in loader:
+        assert x.is_cuda and y.is_cuda
+        # Work on the training stream while the next batch is copied on the side stream.
+        batches.append((x @ torch.ones(2, 2, device=x.device) / 2, y.clone()))
+    assert torch.equal(torch.cat([x for x, _ in batches]).cpu().sum(1), data.tensors[0].sum(1))
     assert torch.equal(torch.cat([y for _, y in batches]).cpu(), data.tensors[1])
-    # The user's explicit choice stands.
-    unpinned = acc.prepare(DataLoader(data, batch_size=4, pin_memory=False))
-    assert not unpinned.pin_memory
-    assert all(x.is_cuda for x, _ in unpinned)
+
+
+def test_prefetched_batches_are_complete_under_a_busy_training_stream():
+    """Large batches, and a long kernel queued on the training stream each step: a batch read before its
+    side-stream copy finished would show zeros or stale values."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import Accelerator
+
+    acc = Accelerator()
+    rows = torch.arange(16, dtype=torch.float32).repeat_interleave(2**16).reshape(16, 2**16)
+    loader = acc.prepare(DataLoader(TensorDataset(rows), batch_size=1))
+    busy = torch.randn(2048, 2048, device=acc.device)
+    for index, (row,) in enumerate(loader):
+        for _ in range(5):
+            busy = torch.tanh(busy @ busy)  # keeps the training stream busy
+        assert torch.all(row == index).item()
 
 
 def test_cuda_rng_state_round_trips_through_a_checkpoint(tmp_path):

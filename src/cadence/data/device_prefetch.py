@@ -28,7 +28,8 @@ def pin_memory_kwargs(kwargs: dict[str, Any], device: Any) -> dict[str, Any]:
     """The DataLoader arguments with `pin_memory=True` when batches go to a CUDA device.
 
     Pinned (page-locked) host memory is what lets a host-to-device copy run asynchronously; a DataLoader
-    that already pins, or one whose batches stay on the host, is left as it is.
+    that already pins, or one whose batches stay on the host, is left as it is. (A DataLoader does not
+    record whether `pin_memory=False` was written or defaulted, so both are pinned for CUDA.)
     """
     if device is None or torch.device(device).type != "cuda" or kwargs.get("pin_memory"):
         return kwargs
