@@ -61,6 +61,12 @@ def cuda_compute_capability(index: int = 0) -> tuple[int, int] | None:
         import pynvml  # optional dependency
     except ImportError:
         return None
+    # NVML numbers every GPU of the machine; CUDA only the visible ones, in CUDA_VISIBLE_DEVICES order.
+    visible = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    if os.environ.get("CUDA_VISIBLE_DEVICES") and index < len(visible):
+        if not visible[index].isdigit():
+            return None  # named by UUID: no cheap mapping, no answer
+        index = int(visible[index])
     try:
         pynvml.nvmlInit()
         try:

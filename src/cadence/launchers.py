@@ -13,7 +13,12 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
-from .cuda_probe import NVML_CHECK_ENV, cuda_device_count, cuda_initialized
+from .cuda_probe import (
+    NVML_CHECK_ENV,
+    cuda_compute_capability,
+    cuda_device_count,
+    cuda_initialized,
+)
 from .diagnostics.failure_report import (
     failures_from_elastic,
     failures_from_error_files,
@@ -167,7 +172,11 @@ def notebook_launcher(
     # Counted through NVML: a CUDA context here would make every forked worker fail.
     gpus = cuda_device_count()
     backend = "nccl" if gpus > 0 else "gloo"
-    check_precision_supported(mixed_precision, device_type="cuda" if gpus > 0 else "cpu")
+    check_precision_supported(
+        mixed_precision,
+        device_type="cuda" if gpus > 0 else "cpu",
+        capability=cuda_compute_capability() if mixed_precision == "fp8" and gpus else None,
+    )
     settings = {
         "num_processes": num_processes * num_nodes,
         "num_machines": num_nodes,
