@@ -145,6 +145,12 @@ def test_notebook_launcher_refuses_fp8_without_a_gpu_before_any_worker_starts():
 # -- torchao's conversion (runs on the CPU) ----------------------------------------------------------
 
 
+def test_fp8_backend_is_no_without_fp8():
+    from cadence import Accelerator
+
+    assert Accelerator(cpu=True).fp8_backend == "NO"
+
+
 @pytest.mark.skipif(not HAS_TORCHAO, reason="needs torchao")
 def test_ao_converts_every_linear_but_the_first_last_and_odd_sized():
     from torchao.float8.float8_linear import Float8Linear
@@ -236,8 +242,9 @@ def test_accelerator_fp8_trains_through_torchao_on_the_gpu():
     assert (
         type(model.middle[0]).__name__ == "Float8Linear" and type(model.first).__name__ == "Linear"
     )
-    assert acc.ao_recipe_handler is not None
-    _, _, bf16 = train("bf16")
+    assert acc.ao_recipe_handler is not None and acc.fp8_backend == "AO"
+    bf16_acc, _, bf16 = train("bf16")
+    assert bf16_acc.fp8_backend == "NO"
     assert all(abs(a - b) <= 0.05 * abs(b) for a, b in zip(fp8, bf16)), (fp8, bf16)
 
 

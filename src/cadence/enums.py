@@ -44,6 +44,15 @@ class PrecisionType(StrEnum):
     BF16 = "bf16"
 
 
+class FP8BackendType(str, enum.Enum):
+    """The library that runs fp8 training: NO, TE (Transformer Engine), MSAMP or AO (torchao)."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
 class RNGType(StrEnum):
     """The random number generators that can be synchronised across processes."""
 

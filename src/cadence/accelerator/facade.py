@@ -18,6 +18,7 @@ import torch
 
 from .. import collectives as ops
 from ..dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
+from ..enums import FP8BackendType
 from ..join import join_uneven_inputs
 from ..plugins.resolve import setup_device_mesh
 from ..precision import Precision, PrecisionRequest, remove_forward_wrapper
@@ -217,6 +218,11 @@ class Accelerator:
     @even_batches.setter
     def even_batches(self, value: bool) -> None:
         self.dataloader_config.even_batches = value
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The backend of fp8 training (AO for torchao, TE), or NO when the precision is not fp8."""
+        return FP8BackendType(getattr(self._strategy.precision, "fp8_backend", "NO"))
 
     @property
     def precision(self) -> Precision:
