@@ -23,5 +23,5 @@ def fresh_cadence_state():
     """In-process tests start without the process-wide state an earlier test may have left."""
     from cadence.state import reset_state
 
-    reset_state()
+    reset_state(destroy_process_group=True)  # only a group Cadence started itself (FSDP at world 1)
     yield

@@ -10,7 +10,8 @@ Usage (through the `dist_pool` fixture of conftest.py)::
     def test_gather(dist_pool):
         assert dist_pool(2).run(check_gather) == [[0, 1], [0, 1]]   # one result per rank
 
-Each worker sets the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, ...) and creates the gloo group
+The workers are CPU workers (gloo; they see no GPU, even on a GPU machine). Each worker sets the torchrun
+environment (RANK, WORLD_SIZE, LOCAL_RANK, ...) and creates the gloo group
 once; Cadence adopts it. Before every call the worker forgets Cadence's state (`reset_state()`), so each
 test starts from a fresh `Accelerator()`. A call that raises on any rank raises `WorkerError` with every
 failing rank's traceback; a call that does not finish within `timeout` kills the pool (the next `run`
@@ -54,6 +55,10 @@ def _worker_main(
     rank: int, world_size: int, port: int, token: str, sys_path: list[str], conn: Any
 ) -> None:
     sys.path[:] = sys_path
+    # The pool is a CPU pool: its workers see no GPU (set before anything asks CUDA), so on a GPU machine
+    # `Accelerator()` in a worker trains on the CPU exactly as in CI, and 2 ranks never share one GPU.
+    # CUDA tests run in the test process or in their own subprocesses instead.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if world_size > 1:
         os.environ.update(
             # As cadence launch does: the watchdog signs its records with a per-pool secret.
@@ -87,7 +92,9 @@ def _worker_main(
         os.environ.clear()
         os.environ.update(base_env)
         os.environ.update(extra_env)
-        reset_state()
+        # A pool of one has no group of its own; a group Cadence started for one call (FSDP at world
+        # size 1) goes with that call's state.
+        reset_state(destroy_process_group=world_size == 1)
         try:
             conn.send(("ok", function(*args, **kwargs)))
         except BaseException as error:  # noqa: BLE001 - report everything to the parent

@@ -466,6 +466,7 @@ def test_errors_name_the_rank_and_no_process_group_is_created(tmp_path):
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),  # nobody listens: reaching the rendezvous would hang
         "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",  # a CPU rank of a 2-process job, also on a GPU machine
     }
     done = subprocess.run(
         [sys.executable, "-c", RANK_ONE_SCRIPT],

@@ -32,6 +32,9 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     ):
         env.pop(name, None)
     env["HF_HOME"] = str(tmp_path / "hf")
+    env["CUDA_VISIBLE_DEVICES"] = (
+        ""  # these launches start CPU workers (gloo), also on a GPU machine
+    )
     return env
 
 

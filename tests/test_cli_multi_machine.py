@@ -93,6 +93,7 @@ def _env(tmp_path) -> dict[str, str]:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env["HF_HOME"] = str(tmp_path / "hf")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU workers (gloo), also on a GPU machine
     return env
 
 

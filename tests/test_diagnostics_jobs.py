@@ -92,7 +92,8 @@ def run_job(tmp_path, scenario, nproc, env=None):
         [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
          f"--master_port={free_port()}", "script.py", scenario, str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), start_new_session=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **(env or {})),
+        start_new_session=True,
     )  # fmt: skip
     try:
         stdout, stderr = process.communicate(timeout=90)

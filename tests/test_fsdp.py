@@ -310,7 +310,10 @@ def test_the_launch_settings_alone_turn_fsdp_on(dist_pool, env):
     assert max_difference(results[0][1], reference_training(GLOBAL_BATCH, 4)) < 1e-5
 
 
-def test_cadence_launch_use_fsdp_runs_an_unchanged_script(tmp_path):
+@pytest.mark.parametrize("processes", ["2", "1"])
+def test_cadence_launch_use_fsdp_runs_an_unchanged_script(tmp_path, processes):
+    """CPU workers (--cpu excludes --use_fsdp, so the GPUs are hidden instead); with one process FSDP is
+    kept too (the same code path as on many)."""
     script = tmp_path / "train.py"
     script.write_text(
         "import sys\n"
@@ -328,7 +331,8 @@ def test_cadence_launch_use_fsdp_runs_an_unchanged_script(tmp_path):
     }
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    flags = ["--num_processes", "2", "--use_fsdp", "--fsdp_version", "2"]
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    flags = ["--num_processes", processes, "--use_fsdp", "--fsdp_version", "2"]
     flags += ["--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"]
     flags += [
         "--fsdp_transformer_layer_cls_to_wrap",
@@ -401,3 +405,50 @@ def test_fp16_ranks_agree_through_a_sharded_grad_scaler(dist_pool, version):
     assert results[0][0] == results[1][0] == "ShardedGradScaler"
     reference = reference_training(GLOBAL_BATCH, 4, mixed_precision="fp16", optimizer="sgd")
     assert max_difference(results[0][1], reference) < 1e-3
+
+
+def fsdp2_at_world_size_one(directory: str, phase: str):
+    """One CPU process with an FSDP2 plugin: the FSDP code path (DTensor parameters, a process group of
+    one) and the sharded checkpoint layout, as on many processes."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from cadence import Accelerator, DistributedType
+    from cadence.plugins import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["Block"],
+        state_dict_type="SHARDED_STATE_DICT",
+    )
+    acc = Accelerator(cpu=True, fsdp_plugin=plugin)
+    assert acc.distributed_type == DistributedType.FSDP and acc.is_fsdp2
+    assert acc.num_processes == 1 and dist.is_initialized() and dist.get_world_size() == 1
+    model = make_model(seed=0 if phase == "save" else 42)
+    optimizer = make_optimizer(model)
+    model, optimizer = acc.prepare(model, optimizer)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    if phase == "save":
+        train_by_index(acc, model, optimizer, GLOBAL_BATCH, 0, 2, 0, 1)
+        acc.save_state(directory)
+    else:
+        acc.load_state(directory)
+    train_by_index(acc, model, optimizer, GLOBAL_BATCH, 2, 2, 0, 1)
+    return acc.get_state_dict(model)
+
+
+def test_fsdp2_at_world_size_one_keeps_the_fsdp_path_and_layout(dist_pool, tmp_path):
+    pool = dist_pool(1)
+    saved = pool.run(fsdp2_at_world_size_one, str(tmp_path), "save")[0]
+    loaded = pool.run(fsdp2_at_world_size_one, str(tmp_path), "load")[0]
+    # The sharded layout of many processes (torch.distributed.checkpoint folders), not a plain file.
+    names = {
+        os.path.relpath(os.path.join(root, name), tmp_path)
+        for root, _, files in os.walk(tmp_path)
+        for name in files
+    }
+    assert any(name.startswith("pytorch_model_fsdp_0/") for name in names), sorted(names)
+    assert not any(name.endswith(("model.safetensors", "pytorch_model.bin")) for name in names)
+    assert max_difference(saved, loaded) < 1e-6
+    assert max_difference(saved, reference_training(GLOBAL_BATCH, 4)) < 1e-5

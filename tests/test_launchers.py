@@ -9,6 +9,10 @@ import pytest
 
 from harness import free_port
 
+# These scripts are about CPU workers (gloo): they hide the GPUs, so that on a GPU machine two ranks are
+# not started on one GPU. The CUDA tests below show the GPU side.
+CPU_ENV = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+
 SCRIPT = textwrap.dedent(
     """
     import sys, torch
@@ -36,7 +40,7 @@ def test_notebook_and_debug_launcher_from_a_script(tmp_path):
     script.write_text(SCRIPT)
     result = subprocess.run(
         [sys.executable, str(script), str(tmp_path), str(free_port())],
-        capture_output=True, text=True, timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=180, env=CPU_ENV,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert [(tmp_path / f"nb{r}.txt").read_text() for r in range(2)] == [
@@ -71,7 +75,7 @@ def test_notebook_launcher_reports_the_failing_rank(tmp_path):
     script.write_text(FAILING)
     result = subprocess.run(
         [sys.executable, str(script), str(free_port())],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True, text=True, timeout=180, env=CPU_ENV,
     )  # fmt: skip
     assert result.returncode != 0
     assert "notebook_launcher: rank 1 failed (exit code 1)" in result.stderr
@@ -88,7 +92,7 @@ def test_bad_arguments_fail_before_starting():
         notebook_launcher(print, num_processes=2, mixed_precision="fp12")
 
 
-def test_notebook_launcher_in_a_real_jupyter_kernel(tmp_path):
+def test_notebook_launcher_in_a_real_jupyter_kernel(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     cells = [
@@ -104,6 +108,74 @@ def test_notebook_launcher_in_a_real_jupyter_kernel(tmp_path):
         ),
         f"notebook_launcher(train, num_processes=2, use_port='{free_port()}')",
     ]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the kernel's two workers are CPU workers
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3").execute()
     assert [(tmp_path / f"kernel{r}.txt").read_text() for r in range(2)] == ["[0, 1]"] * 2
+
+
+NO_CUDA_IN_PARENT = textwrap.dedent(
+    """
+    import sys, torch
+    import cadence, cadence.utils
+    from cadence import Accelerator, notebook_launcher  # importing Cadence must not touch CUDA
+
+    def probe(out_dir):
+        import os
+        rank = os.environ["RANK"]
+        if torch.cuda.is_available():
+            # Fails with "Cannot re-initialize CUDA in forked subprocess" if the parent touched CUDA.
+            value = torch.ones(2, device="cuda").sum().item()
+            where = "cuda"
+        else:
+            value, where = torch.ones(2).sum().item(), "cpu"
+        with open(f"{out_dir}/probe{rank}.txt", "w") as f:
+            f.write(f"{where} {value}")
+
+    if __name__ == "__main__":
+        out_dir, port = sys.argv[1], sys.argv[2]
+        notebook_launcher(probe, (out_dir,), num_processes=2, use_port=port)
+        print("parent initialized CUDA:", torch.cuda.is_initialized())
+    """
+)
+
+
+def test_notebook_launcher_never_initialises_cuda_in_the_parent(tmp_path):
+    """Runs on CPU and GPU machines alike: on a GPU the forked workers allocate on cuda:0, which
+    fails if the parent created a CUDA context; on CPU they report cpu. The parent stays uninitialised."""
+    import torch
+
+    script = tmp_path / "probe.py"
+    script.write_text(NO_CUDA_IN_PARENT)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(free_port())],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "parent initialized CUDA: False" in result.stdout
+    where = "cuda" if torch.cuda.is_available() else "cpu"
+    assert [(tmp_path / f"probe{r}.txt").read_text() for r in range(2)] == [f"{where} 2.0"] * 2
+
+
+def test_notebook_launcher_refuses_a_notebook_that_initialised_cuda(monkeypatch):
+    import torch
+
+    from cadence import notebook_launcher
+
+    started = []
+    # Simulates a notebook that already ran `.cuda()`: only this parent-side query is replaced.
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA has already been initialized") as error:
+        notebook_launcher(lambda: started.append(1), num_processes=2, use_port=str(free_port()))
+    assert "inside your training function" in str(error.value)
+    assert started == []
+
+
+def test_notebook_launcher_refuses_an_accelerator_built_in_the_notebook():
+    from cadence import Accelerator, notebook_launcher
+
+    Accelerator(cpu=True)
+    with pytest.raises(
+        ValueError, match="should only be initialized inside your training function"
+    ):
+        notebook_launcher(print, num_processes=2, use_port=str(free_port()))

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.lazy_exports",
         "cadence.profiling",
         "cadence.prepared",
+        "cadence.cuda_probe",
     ),
     # option records and cross-rank diagnostics (no process state yet)
     (
@@ -42,7 +43,6 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.plugins",
         "cadence.parallelism_config",
         "cadence.deepspeed_helpers",
-        "cadence.fp8_recipes",
     ),
     # barriers, first-process blocks, triggers (given the process state, never importing it)
     ("cadence.process_control",),
@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, ...]] = [
     # policies and wrappers, given what they need
     (
         "cadence.precision",
+        "cadence.precision_fp8",
         "cadence.optimizer",
         "cadence.scheduler",
         "cadence.data",
@@ -250,6 +251,7 @@ ENVIRONMENT_READERS = (
     "cadence.test_utils",  # testing helpers and scripts, written as a user would
     "cadence.topology",
     "cadence.hardware",
+    "cadence.cuda_probe",
     "cadence.launchers",
     "cadence.launch_bounds",
     "cadence.rendezvous_store",

@@ -56,7 +56,7 @@ def test_the_schedule_of_the_spec_example_hands_each_recorded_cycle_to_on_trace_
     handler = ProfileKwargs(
         schedule_option=dict(wait=1, warmup=1, active=1), on_trace_ready=ready.append
     )
-    with profile(handler, PartialState()) as profiler:
+    with profile(handler, PartialState(cpu=True)) as profiler:
         for _ in range(10):
             _work()
             profiler.step()
@@ -72,7 +72,7 @@ def test_with_a_schedule_the_trace_file_holds_the_last_recorded_step(tmp_path):
     handler = ProfileKwargs(
         schedule_option=dict(wait=1, warmup=1, active=1), output_trace_dir=str(tmp_path)
     )
-    with profile(handler, PartialState()) as profiler:
+    with profile(handler, PartialState(cpu=True)) as profiler:
         for _ in range(9):
             _work(steps=1)
             profiler.step()
@@ -86,7 +86,7 @@ def test_default_settings_profile_the_block_and_write_nothing(tmp_path, monkeypa
 
     reset_state()
     monkeypatch.chdir(tmp_path)
-    with profile(None, PartialState()) as profiler:
+    with profile(None, PartialState(cpu=True)) as profiler:
         _work()
     assert "aten::mm" in {event.key for event in profiler.key_averages()}
     assert os.listdir(tmp_path) == []

@@ -74,7 +74,8 @@ def launch(tmp_path, project_dir, order, kill_at):
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(script), str(project_dir), order, str(kill_at)],
-        capture_output=True, text=True, timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=180,
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),  # CPU workers
     )  # fmt: skip
 
 

@@ -25,7 +25,8 @@ SCRIPT = textwrap.dedent(
 def run_torchrun(tmp_path, script, nproc=2, extra_env=None, args=()):
     path = tmp_path / "script.py"
     path.write_text(script)
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(extra_env or {}))
+    # CPU workers (gloo), also on a GPU machine: never two ranks on one GPU.
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **(extra_env or {}))
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
          f"--master_port={free_port()}", str(path), *args],
@@ -57,7 +58,7 @@ def test_demo_training_example_through_cadence_launch():
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "train_regression.py")
     cadence = os.path.join(os.path.dirname(sys.executable), "cadence")
     result = subprocess.run(
-        [cadence, "launch", "--num_processes", "2", example],
+        [cadence, "launch", "--cpu", "--num_processes", "2", example],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

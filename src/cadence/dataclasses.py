@@ -18,7 +18,7 @@ from typing import Any
 from .diagnostics.settings import parse_seconds
 from .enums import DDPCommunicationHookType, DynamoBackend
 from .profiling import build_profiler
-from .settings import resolve
+from .settings import env_text, parse_bool, resolve
 
 
 class KwargsHandler:
@@ -186,6 +186,154 @@ class FP8RecipeKwargs(KwargsHandler):
     amax_history_len: int | None = None
     amax_compute_algo: str | None = None
     override_linear_precision: tuple | None = None
+
+
+_FP8_ENV = "ACCELERATE_FP8_"
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = env_text(_FP8_ENV + name)
+    return default if value in (None, "") else parse_bool(value, _FP8_ENV + name)
+
+
+@dataclass
+class AORecipeKwargs(KwargsHandler):
+    """The torchao FP8 recipe for `mixed_precision="fp8"`: a `torchao.float8.Float8LinearConfig` and which
+    linear layers to convert.
+
+    Without `config`, one is built with `pad_inner_dim=True` (pads GEMM dimensions to multiples of 16,
+    which `torch._scaled_mm` needs) and `enable_fsdp_float8_all_gather=True` (FSDP2 all-gathers float8
+    weights: half the bytes of bf16); both can be set here or by `ACCELERATE_FP8_PAD_INNER_DIM` /
+    `ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER`. `module_filter_func(module, fqn) -> bool` picks the
+    layers to convert; by default every linear except the first and the last, and those whose
+    dimensions are not multiples of 16.
+
+    Example::
+
+        from cadence import Accelerator
+        from cadence.utils import AORecipeKwargs
+
+        accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
+    """
+
+    config: Any = None
+    module_filter_func: Callable | None = None
+    pad_inner_dim: bool | None = None
+    enable_fsdp_float8_all_gather: bool | None = None
+
+    def __post_init__(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("torchao") is None:
+            raise ImportError(
+                "AORecipeKwargs needs torchao, which is not installed: `pip install torchao` (or use "
+                "TERecipeKwargs with Transformer Engine)."
+            )
+        if self.config is None:
+            from torchao.float8 import Float8LinearConfig  # optional dependency
+
+            if self.pad_inner_dim is None:
+                self.pad_inner_dim = _env_flag("PAD_INNER_DIM", True)
+            if self.enable_fsdp_float8_all_gather is None:
+                self.enable_fsdp_float8_all_gather = _env_flag(
+                    "ENABLE_FSDP_FLOAT8_ALL_GATHER", True
+                )
+            self.config = Float8LinearConfig(
+                pad_inner_dim=self.pad_inner_dim,
+                enable_fsdp_float8_all_gather=self.enable_fsdp_float8_all_gather,
+            )
+
+
+_TE_FORMATS = ("HYBRID", "E4M3", "E5M2")
+_TE_AMAX_ALGORITHMS = ("max", "most_recent")
+
+
+@dataclass
+class TERecipeKwargs(KwargsHandler):
+    """The Transformer Engine FP8 recipe for `mixed_precision="fp8"` (delayed scaling by default).
+
+    Unset fields come from `ACCELERATE_FP8_*` variables, else: `fp8_format="HYBRID"` (E4M3 forward, E5M2
+    backward), `margin=0`, `interval=1`, `amax_history_len=1024`, `amax_compute_algo="most_recent"`,
+    `override_linear_precision=(False, False, False)`, `use_autocast_during_eval=False`,
+    `use_mxfp8_block_scaling=False`.
+
+    Example::
+
+        from cadence import Accelerator
+        from cadence.utils import TERecipeKwargs
+
+        kwargs = TERecipeKwargs(fp8_format="HYBRID")
+        accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[kwargs])
+    """
+
+    use_autocast_during_eval: bool | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple[bool, bool, bool] | None = None
+    use_mxfp8_block_scaling: bool | None = None
+
+    def __post_init__(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is None:
+            raise ImportError(
+                "TERecipeKwargs needs NVIDIA Transformer Engine, which is not installed: "
+                "`pip install transformer-engine[pytorch]` (or use AORecipeKwargs with torchao)."
+            )
+        if self.use_autocast_during_eval is None:
+            self.use_autocast_during_eval = _env_flag("USE_AUTOCAST_DURING_EVAL", False)
+        if self.margin is None:
+            self.margin = int(env_text(_FP8_ENV + "MARGIN", 0))
+        if self.interval is None:
+            self.interval = int(env_text(_FP8_ENV + "INTERVAL", 1))
+        self.fp8_format = str(self.fp8_format or env_text(_FP8_ENV + "FORMAT", "HYBRID")).upper()
+        if self.fp8_format not in _TE_FORMATS:
+            raise ValueError(f"`fp8_format` must be one of {' or '.join(_TE_FORMATS)}.")
+        algorithm = self.amax_compute_algo or env_text(
+            _FP8_ENV + "AMAX_COMPUTE_ALGO", "most_recent"
+        )
+        self.amax_compute_algo = str(algorithm).lower()
+        if self.amax_compute_algo not in _TE_AMAX_ALGORITHMS:
+            raise ValueError(
+                f"`amax_compute_algo` must be one of {' or '.join(_TE_AMAX_ALGORITHMS)}."
+            )
+        if self.amax_history_len is None:
+            self.amax_history_len = int(env_text(_FP8_ENV + "AMAX_HISTORY_LEN", 1024))
+        if self.override_linear_precision is None:
+            self.override_linear_precision = (
+                _env_flag("OVERRIDE_FPROP", False),
+                _env_flag("OVERRIDE_DGRAD", False),
+                _env_flag("OVERRIDE_WGRAD", False),
+            )
+        if self.use_mxfp8_block_scaling is None:
+            self.use_mxfp8_block_scaling = _env_flag("USE_MXFP8_BLOCK_SCALING", False)
+
+
+_MSAMP_LEVELS = ("O1", "O2")
+
+
+@dataclass
+class MSAMPRecipeKwargs(KwargsHandler):
+    """The MS-AMP FP8 recipe: its optimization level, "O1" or "O2" (default `ACCELERATE_FP8_OPT_LEVEL`, else
+    "O2"). Cadence runs MS-AMP through a DeepSpeed config only.
+
+    Example::
+
+        from cadence.utils import MSAMPRecipeKwargs
+
+        kwargs = MSAMPRecipeKwargs(opt_level="O1")
+    """
+
+    opt_level: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.opt_level is None:
+            self.opt_level = env_text(_FP8_ENV + "OPT_LEVEL", "O2")
+        if self.opt_level not in _MSAMP_LEVELS:
+            raise ValueError(f"`opt_level` must be one of {' or '.join(_MSAMP_LEVELS)}")
 
 
 @dataclass

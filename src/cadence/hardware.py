@@ -7,6 +7,8 @@ import socket
 import sys
 from pathlib import Path
 
+from .cuda_probe import cuda_device_count
+
 
 def _gpu_driver_present() -> bool:
     if not sys.platform.startswith("linux"):
@@ -21,9 +23,8 @@ def visible_gpu_count() -> int:
     """GPUs torch can use here; imports torch only when a GPU driver is present."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "" or not _gpu_driver_present():
         return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # Through NVML: the CLI (and notebook code calling it) must not create a CUDA context.
+    return cuda_device_count()
 
 
 def usable_cpu_count() -> int:

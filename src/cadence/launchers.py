@@ -13,6 +13,12 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
+from .cuda_probe import (
+    NVML_CHECK_ENV,
+    cuda_compute_capability,
+    cuda_device_count,
+    cuda_initialized,
+)
 from .diagnostics.failure_report import (
     failures_from_elastic,
     failures_from_error_files,
@@ -21,9 +27,10 @@ from .diagnostics.failure_report import (
 from .diagnostics.signing import JOB_TOKEN_ENV, new_job_token
 from .hardware import usable_cpu_count, visible_gpu_count
 from .launch_bounds import OVERSUBSCRIBE_ENV, notebook_launcher_problems
+from .precision_choice import check_precision_supported
 from .rendezvous_store import store_bound_to
 from .settings import LAUNCH_CONFIG_ENV, encode_launch_config, env_bool
-from .state import PartialState, resolve_mixed_precision
+from .state import AcceleratorState, PartialState, resolve_mixed_precision
 
 
 class WorkerProcessesFailed(RuntimeError):
@@ -80,14 +87,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _refuse_initialised_cuda(num_processes: int) -> None:
-    import torch
-
-    if num_processes > 1 and torch.cuda.is_available() and torch.cuda.is_initialized():
+def _refuse_initialised_cuda() -> None:
+    """Refuse to fork when this process already holds a CUDA context (checked before any worker starts)."""
+    if AcceleratorState._shared_state:
+        raise ValueError(
+            "To launch a multi-process training from your notebook, the `Accelerator` should only be "
+            "initialized inside your training function. Restart your notebook and make sure no cell "
+            "initializes an `Accelerator`."
+        )
+    if cuda_initialized():
         raise RuntimeError(
-            "CUDA was already initialised in this notebook, so forked workers cannot use it. Restart "
-            "the kernel and make sure nothing touches CUDA (no `.cuda()`, no Accelerator()) before "
-            "calling notebook_launcher; create the Accelerator inside the training function."
+            "Could not start distributed processes: CUDA has already been initialized in this process "
+            "(the notebook), so the forked workers cannot use it (they would fail with 'Cannot re-initialize "
+            "CUDA in forked subprocess'). Restart your notebook and keep every CUDA call (`.cuda()`, "
+            "`.to('cuda')`, `torch.cuda.*`, imports that initialize CUDA) inside your training function."
         )
 
 
@@ -161,6 +174,9 @@ def _launch_with_elastic_agent(
             MASTER_PORT=str(port),
             OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
             **({JOB_TOKEN_ENV: token} if token else {}),
+            # Whatever asks torch about CUDA in this process while the agent runs (torch's own agent
+            # included) asks NVML, so the parent never creates the CUDA context that would break fork.
+            **{NVML_CHECK_ENV: "1"},
         ),
         store_bound_to(master_addr, int(port), num_nodes > 1) if hosts_store else _nothing(),
     ):
@@ -223,10 +239,15 @@ def notebook_launcher(
             function(*args)
         return
     _check_counts(num_processes, num_nodes, node_rank, use_port, max_restarts, monitor_interval)
-    _refuse_initialised_cuda(num_processes)
-    import torch
-
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _refuse_initialised_cuda()
+    # Counted through NVML: a CUDA context here would make every forked worker fail.
+    gpus = cuda_device_count()
+    backend = "nccl" if gpus > 0 else "gloo"
+    check_precision_supported(
+        mixed_precision,
+        device_type="cuda" if gpus > 0 else "cpu",
+        capability=cuda_compute_capability() if mixed_precision == "fp8" and gpus else None,
+    )
     settings = {
         "num_processes": num_processes * num_nodes,
         "num_machines": num_nodes,

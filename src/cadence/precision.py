@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +24,15 @@ from .collectives import recursively_apply
 from .precision_choice import check_precision_supported as check_precision_supported
 from .precision_choice import parse_mixed_precision as parse_mixed_precision
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8 runs its converted linears in float8 and everything else under bf16 autocast (the reference's way).
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+    return tensor.float() if tensor.dtype in _LOW_PRECISION else tensor
 
 
 def convert_outputs_to_fp32(model_forward: Any) -> Any:
@@ -40,7 +45,12 @@ def convert_outputs_to_fp32(model_forward: Any) -> Any:
 
     @functools.wraps(model_forward)
     def forward_in_fp32(*args: Any, **kwargs: Any) -> Any:
-        return recursively_apply(_to_fp32, model_forward(*args, **kwargs))
+        outputs = model_forward(*args, **kwargs)
+        if (
+            type(outputs) is torch.Tensor
+        ):  # the common case: one plain tensor, no walk over containers
+            return outputs.float() if outputs.dtype in _LOW_PRECISION else outputs
+        return recursively_apply(_to_fp32, outputs)
 
     forward_in_fp32._cadence_wrapped_forward = model_forward  # type: ignore[attr-defined]
     return forward_in_fp32
@@ -65,6 +75,14 @@ class Precision:
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
         """The autocast context of this policy (a no-op here)."""
         return contextlib.nullcontext()
+
+    def convert_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Swap the model's layers for this policy's kind before it is placed and wrapped (fp8 swaps its
+        linears); the others return the model as it is."""
+        return model
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer, models: list[Any]) -> None:
+        """Hook the prepared optimizer into this policy (fp8 with FSDP2 refreshes its scales after a step)."""
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
         """Make `model.forward` run under this policy (nothing to do here)."""
@@ -125,12 +143,25 @@ class AutocastPrecision(Precision):
             device_type=self.device_type, dtype=_AUTOCAST_DTYPES[self.mixed_precision], **kwargs
         )
 
+    def _autocast_factory(self) -> Any:
+        """A function giving a new autocast context, its arguments resolved once (not on every step)."""
+        kwargs = dict(self.autocast_kwargs)
+        kwargs.setdefault("enabled", True)
+        if kwargs.get("cache_enabled", 0) is None:
+            kwargs.pop("cache_enabled")
+        return functools.partial(
+            torch.autocast,
+            device_type=self.device_type,
+            dtype=_AUTOCAST_DTYPES[self.mixed_precision],
+            **kwargs,
+        )
+
     def wrap_forward(self, model: torch.nn.Module) -> None:
         """Run `model.forward` under autocast and hand back fp32 outputs (the reference's behaviour)."""
         if hasattr(model.forward, "_cadence_wrapped_forward"):
             return
         original = model.forward
-        model.forward = convert_outputs_to_fp32(_under_autocast(self, original))
+        model.forward = convert_outputs_to_fp32(_under_autocast(self._autocast_factory(), original))
         model._cadence_original_forward = original  # type: ignore[attr-defined]
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -158,11 +189,21 @@ class EnginePrecision(Precision):
         self.mixed_precision = mixed_precision
 
 
-def _under_autocast(policy: Precision, forward: Any) -> Any:
+def _under_autocast(new_context: Any, forward: Any) -> Any:
+    # One autocast context per thread, reused step after step: building it (argument checks, device
+    # queries) is most of the wrapper's cost. `torch.autocast` keeps the state to restore on the
+    # instance, so a context in use is taken out while the forward runs: a re-entrant call, or another
+    # thread (DataParallel replicas share this wrapper), gets one of its own.
+    idle = threading.local()
+
     @functools.wraps(forward)
     def under_autocast(*args: Any, **kwargs: Any) -> Any:
-        with policy.autocast():
-            return forward(*args, **kwargs)
+        context = idle.__dict__.pop("context", None) or new_context()
+        try:
+            with context:
+                return forward(*args, **kwargs)
+        finally:
+            idle.context = context
 
     return under_autocast
 

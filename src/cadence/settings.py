@@ -48,6 +48,7 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
         ("CADENCE_USE_PARALLELISM_CONFIG", "ACCELERATE_USE_PARALLELISM_CONFIG"),
     ),
     "fork_launched": (None, ("FORK_LAUNCHED",)),
+    "fp8_backend": (None, ("CADENCE_FP8_BACKEND", "ACCELERATE_FP8_BACKEND")),
     "log_level": (None, ("CADENCE_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")),
     "stuck_timeout": ("stuck_timeout", ("CADENCE_STUCK_TIMEOUT",)),
     "process_group_timeout": ("process_group_timeout", ()),

@@ -68,6 +68,20 @@ def _choose_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
     return torch.device("cpu", 0) if world_size > 1 else torch.device("cpu")
 
 
+def _start_single_process_group(device: torch.device) -> None:
+    """A process group of world size 1 (NCCL on CUDA, else gloo), owned and destroyed by Cadence.
+
+    Its store lives in this process (no address, no port): nothing else can join a world of one.
+    """
+    global _owns_process_group
+    extra: dict[str, Any] = {}
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        extra["device_id"] = device
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **extra)
+    _owns_process_group = True
+
+
 def _distributed_type_for(backend: str | None, world_size: int) -> DistributedType:
     if world_size <= 1:
         return DistributedType.NO
@@ -424,6 +438,9 @@ class AcceleratorState:
             except BaseException:
                 self._shared_state.clear()
                 raise
+        if self.distributed_type == DistributedType.FSDP and not dist.is_initialized():
+            # fully_shard and torch.distributed.checkpoint need a process group, even of one process.
+            _start_single_process_group(self.device)
 
     initialized = PartialState.initialized
     use_distributed = PartialState.use_distributed

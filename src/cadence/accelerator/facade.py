@@ -18,6 +18,7 @@ import torch
 
 from .. import collectives as ops
 from ..dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
+from ..enums import FP8BackendType
 from ..join import join_uneven_inputs
 from ..plugins.resolve import setup_device_mesh
 from ..precision import Precision, PrecisionRequest, remove_forward_wrapper
@@ -29,7 +30,7 @@ from ..strategies import StrategyContext, select_strategy
 from ..tracking import TrackerHub
 from .accumulation import GradientAccumulation
 from .preparation import Preparer, model_is_dispatched
-from .settings import AcceleratorSettings
+from .settings import AcceleratorSettings, fp8_recipe_handler
 
 _SPLIT_BATCHES_UNSET = object()
 
@@ -110,6 +111,9 @@ class Accelerator:
         self.autocast_handler = settings.handlers.get("AutocastKwargs")
         self.profile_handler = settings.handlers.get("ProfileKwargs")
         self.fp8_recipe_handler = settings.handlers.get("FP8RecipeKwargs")
+        self.ao_recipe_handler = settings.handlers.get("AORecipeKwargs")
+        self.te_recipe_handler = settings.handlers.get("TERecipeKwargs")
+        self.msamp_recipe_handler = settings.handlers.get("MSAMPRecipeKwargs")
         self.dynamo_plugin = settings.dynamo_plugin
         # Before the process group starts, so a bad log_with fails without side effects.
         self._tracker_hub = TrackerHub(
@@ -142,11 +146,16 @@ class Accelerator:
                 self.state._mixed_precision,
                 self.autocast_handler,
                 self.scaler_handler,
-                self.fp8_recipe_handler,
+                fp8_recipe_handler(settings.handlers),
             ),
             self._prepared,
             self.gradient_state,
         )
+        # fp8 without a recipe handler: the reference exposes the default recipe it chose.
+        backend = getattr(self._strategy.precision, "fp8_backend", None)
+        if backend is not None and fp8_recipe_handler(settings.handlers) is None:
+            name = {"AO": "ao_recipe_handler", "TE": "te_recipe_handler"}[backend]
+            setattr(self, name, self._strategy.precision.recipe_handler)
         self._preparer = Preparer(
             self._strategy,
             self._prepared,
@@ -209,6 +218,11 @@ class Accelerator:
     @even_batches.setter
     def even_batches(self, value: bool) -> None:
         self.dataloader_config.even_batches = value
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The backend of fp8 training (AO for torchao, TE), or NO when the precision is not fp8."""
+        return FP8BackendType(getattr(self._strategy.precision, "fp8_backend", "NO"))
 
     @property
     def precision(self) -> Precision:
@@ -438,7 +452,7 @@ class Accelerator:
         self.step = 0
         objects = tuple(None for _ in objects)
         gc.collect()
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():  # no CUDA context, no cache (and no context created here)
             torch.cuda.empty_cache()
         return objects
 

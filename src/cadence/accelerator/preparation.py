@@ -214,6 +214,7 @@ class Preparer:
         existing = self._already_prepared(model)
         if existing is not None:
             return existing
+        model = self.strategy.precision.convert_model(model)  # fp8: float8 linears, before wrapping
         if self.device_placement if device_placement is None else device_placement:
             model_is_dispatched(model, self.strategy.context.use_distributed)
             model = model.to(self._device)
@@ -257,6 +258,8 @@ class Preparer:
             gradient_state=self.gradient_state,
         )
         self.prepared.optimizers.append(wrapped)
+        # fp8 with FSDP2 refreshes its float8 scales after each step.
+        self.strategy.precision.attach_optimizer(optimizer, list(self.prepared.models))
         return wrapped
 
     def scheduler(self, scheduler: Any) -> AcceleratedScheduler:

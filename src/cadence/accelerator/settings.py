@@ -20,7 +20,12 @@ from ..dataclasses import (
 from ..enums import DynamoBackend, RNGType
 from ..input_errors import rank_named_errors
 from ..plugins.resolve import resolve_parallel_plugins
-from ..precision_choice import check_precision_supported, parse_mixed_precision
+from ..precision_choice import (
+    FP8_HANDLER_BACKENDS,
+    check_precision_supported,
+    fp8_handler_backend,
+    parse_mixed_precision,
+)
 from ..settings import Resolved, resolve, resolve_flag
 
 # Constructor arguments of older releases that still reach us through user scripts.
@@ -92,11 +97,23 @@ class AcceleratorSettings:
             parallelism_config=args["parallelism_config"],
             launch=launch,
         )
+        handlers = _handlers(kwargs_handlers)
+        fp8_handler = fp8_recipe_handler(handlers)
+        if (
+            fp8_handler is not None
+            and mixed_precision != "fp8"
+            and not (parallel.fsdp_plugin or parallel.deepspeed_plugins)
+        ):
+            raise ValueError(
+                f"Passing in an FP8 configuration ({type(fp8_handler).__name__}) requires setting "
+                "`mixed_precision='fp8'`."
+            )
         # The device is not known yet; the strategy checks it again once it is.
         check_precision_supported(
             mixed_precision,
             device_type="cpu" if args["cpu"] else None,
             engine="deepspeed" if parallel.deepspeed_plugins else None,
+            fp8_backend=fp8_handler_backend(fp8_handler),
         )
         return cls(
             device_placement=bool(args["device_placement"]),
@@ -106,7 +123,7 @@ class AcceleratorSettings:
             project_config=project_config,
             accumulation_plugin=_accumulation_plugin(args, launch),
             rng_types=_rng_types(args["rng_types"]),
-            handlers=_handlers(kwargs_handlers),
+            handlers=handlers,
             dynamo_plugin=_dynamo_plugin(args["dynamo_backend"], args["dynamo_plugin"], launch),
             log_with=args["log_with"],
             fsdp_plugin=parallel.fsdp_plugin,
@@ -232,6 +249,15 @@ def _rng_types(rng_types: Any) -> list[str]:
                 f"Unknown rng_types entry {item!r}: use {', '.join(RNGType.list())}."
             ) from None
     return result
+
+
+def fp8_recipe_handler(handlers: dict[str, KwargsHandler]) -> KwargsHandler | None:
+    """The FP8 recipe handler among `handlers` (AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs or the
+    deprecated FP8RecipeKwargs), or None."""
+    for name in (*FP8_HANDLER_BACKENDS, "FP8RecipeKwargs"):
+        if name in handlers:
+            return handlers[name]
+    return None
 
 
 def _handlers(kwargs_handlers: Any) -> dict[str, KwargsHandler]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import hardware, launch_bounds
+from ..cuda_probe import cuda_compute_capability
 from ..precision_choice import check_precision_supported
 from ..settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from . import config_file as config_files
@@ -417,8 +418,12 @@ class _Planner:
                 precision,
                 device_type=self.device.value,
                 engine="deepspeed" if self.value("use_deepspeed") else None,
+                # fp8 on a GPU older than Ada/Hopper is refused here (NVML: no CUDA context).
+                capability=cuda_compute_capability()
+                if precision == "fp8" and self.device.value == "cuda"
+                else None,
             )
-        except (ImportError, RuntimeError, NotImplementedError) as err:
+        except (ImportError, RuntimeError, NotImplementedError, ValueError) as err:
             self.errors.append(
                 f"--mixed_precision {precision} ({self.settings['mixed_precision'].source}): {err}"
             )

@@ -15,7 +15,7 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from ..state import GradientState
 from ..utils.random import synchronize_rng_states
-from .batches import device_mover
+from .device_prefetch import batch_transfer, pin_memory_kwargs
 from .position import (
     LoaderPosition,
     load_position,
@@ -289,6 +289,8 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
+        # hook (issue 15, data/device_prefetch): batches bound for CUDA come from pinned host memory.
+        kwargs = pin_memory_kwargs(kwargs, device)
         super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
         self.device = device
         self.rng_types = rng_types
@@ -329,18 +331,21 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
                 position.in_epoch = False
             self.end()
             return
-        move = device_mover(current, self.device, self._non_blocking)
+        # -- hook (issue 15, data/device_prefetch): to CUDA the next batch is copied on a side stream
+        # while this one trains; elsewhere batches move as before.
+        transfer = batch_transfer(current, self.device, self._non_blocking)
+        pending = transfer.start(current)
         yielded = position.yielded
         while True:
-            if move is not None:
-                current = move(current)
+            current = transfer.finish(pending)
             upcoming = next(iterator, _EXHAUSTED)
             if upcoming is _EXHAUSTED:
                 break
+            pending = transfer.start(upcoming)
+            # -- end of hook
             yielded += 1
             position.yielded = yielded
             yield current
-            current = upcoming
         self.end_of_dataloader = True
         self._settle_remainder()
         position.yielded = yielded + 1

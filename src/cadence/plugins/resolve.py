@@ -124,16 +124,17 @@ def configure_state(state: Any, plugins: ParallelPlugins) -> None:
         state.deepspeed_plugins = deepspeed
     elif plugins.fsdp_plugin is not None:
         state.fsdp_plugin = plugins.fsdp_plugin
-        if state.num_processes > 1:
-            state.distributed_type = DistributedType.FSDP
-            if state._mixed_precision != "no":
-                plugins.fsdp_plugin.set_mixed_precision(state._mixed_precision)
-            if plugins.fsdp_plugin.fsdp_version == 1:
-                from .fsdp import (
-                    check_fsdp1_supported,  # deferred: a backend's plugin module loads only when asked for
-                )
+        # FSDP at any world size, one process included: a config tested on one GPU takes the same code
+        # path and writes the same checkpoint layout as on eight (the state gives it a group of one).
+        state.distributed_type = DistributedType.FSDP
+        if state._mixed_precision != "no":
+            plugins.fsdp_plugin.set_mixed_precision(state._mixed_precision)
+        if plugins.fsdp_plugin.fsdp_version == 1:
+            from .fsdp import (
+                check_fsdp1_supported,  # deferred: a backend's plugin module loads only when asked for
+            )
 
-                check_fsdp1_supported(plugins.fsdp_plugin, state.device, state.process_index)
+            check_fsdp1_supported(plugins.fsdp_plugin, state.device, state.process_index)
 
 
 def setup_device_mesh(state: Any) -> None:

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from ..enums import DistributedType
 from ..precision import (
     AutocastPrecision,
@@ -14,6 +16,8 @@ from ..precision import (
     ShardedAutocastPrecision,
     check_precision_supported,
 )
+from ..precision_choice import fp8_handler_backend
+from ..precision_fp8 import Float8Precision
 from ..prepared import PreparedObjects
 from ..state import GradientState
 from .base import Strategy
@@ -27,14 +31,38 @@ def select_precision(context: StrategyContext, request: PrecisionRequest) -> Pre
     if context.distributed_type == DistributedType.DEEPSPEED:
         check_precision_supported(request.mixed_precision, device_type=None, engine="deepspeed")
         return EnginePrecision(context.mixed_precision)
-    check_precision_supported(request.mixed_precision, device_type=context.device.type)
+    capability = None
+    if request.mixed_precision == "fp8" and context.device.type == "cuda":
+        capability = torch.cuda.get_device_capability(
+            context.device
+        )  # this worker uses CUDA anyway
+    check_precision_supported(
+        request.mixed_precision,
+        device_type=context.device.type,
+        fp8_backend=fp8_handler_backend(request.fp8_handler),
+        capability=capability,
+    )
     if request.mixed_precision == "no":
         return Precision()
+    if request.mixed_precision == "fp8":
+        return _float8_precision(context, request)
     sharded = context.distributed_type == DistributedType.FSDP or (
         context.parallelism_config is not None and context.parallelism_config.tp_enabled
     )
     policy = ShardedAutocastPrecision if sharded and context.use_distributed else AutocastPrecision
     return policy.build(request, context.device)
+
+
+def _float8_precision(context: StrategyContext, request: PrecisionRequest) -> Float8Precision:
+    fsdp = context.distributed_type == DistributedType.FSDP
+    fsdp2 = fsdp and context.fsdp_plugin.fsdp_version == 2
+    policy = Float8Precision.build_fp8(request, context.device, fsdp2=fsdp2)
+    if policy.backend == "AO" and fsdp and context.fsdp_plugin.cpu_ram_efficient_loading:
+        raise ValueError(
+            "torchao FP8 with FSDP and cpu_ram_efficient_loading is not supported (the float8 layers "
+            "cannot be filled from the main process's weights): set cpu_ram_efficient_loading=False."
+        )
+    return policy
 
 
 def select_strategy(

@@ -1,4 +1,4 @@
-"""The reference's `utils.dataclasses` path: enums, kwargs handlers, plugins and configurations (homes: `cadence.enums`, `cadence.dataclasses`, `cadence.dataclasses`, `cadence.plugins`, `cadence.fp8_recipes`)."""
+"""The reference's `utils.dataclasses` path: enums, kwargs handlers, plugins and configurations (homes: `cadence.enums`, `cadence.dataclasses`, `cadence.dataclasses`, `cadence.plugins`)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from ..data.batches import (
     TensorInformation,
 )
 from ..dataclasses import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -14,8 +15,10 @@ from ..dataclasses import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    MSAMPRecipeKwargs,
     ProfileKwargs,
     ProjectConfiguration,
+    TERecipeKwargs,
     TorchDynamoPlugin,
 )
 from ..enums import (
@@ -31,11 +34,6 @@ from ..enums import (
     PrecisionType,
     RNGType,
     SageMakerDistributedType,
-)
-from ..fp8_recipes import (
-    AORecipeKwargs,
-    MSAMPRecipeKwargs,
-    TERecipeKwargs,
 )
 from ..fsdp_helpers import (
     get_module_class_from_name,

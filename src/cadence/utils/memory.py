@@ -32,7 +32,9 @@ def _device_module() -> Any:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return torch.mps
-    if torch.cuda.is_available():
+    # A process that never initialised CUDA has no CUDA cache to free; `is_available()` would create
+    # driver state (and break a later fork) for nothing.
+    if torch.cuda.is_initialized():
         return torch.cuda
     return None
 

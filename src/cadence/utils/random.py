@@ -28,8 +28,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
+    # Lazy in torch (applied when CUDA initialises): asking `is_available()` here would create the
+    # CUDA driver state that breaks notebook_launcher's fork.
+    torch.cuda.manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 
