@@ -217,12 +217,15 @@ def read_torch(
             "load_state(..., allow_pickle=True), or load_kwargs={'weights_only': False}).",
             path=Path(source).parent,
         ) from e
-    except EOFError as e:
-        raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
+    except (EOFError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise CheckpointCorruptError(f"Cannot read {source}: {type(e).__name__}: {e}") from e
     except RuntimeError as e:
-        if "PytorchStreamReader" in str(e) or "zip archive" in str(e):
+        if "PytorchStreamReader" in str(e) or "zip archive" in str(e) or not allow_pickle:
+            # weights_only=True: any failure is a malformed file, not a bug to surface as is
             raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
         raise
+    except ValueError as e:
+        raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
 
 
 def _unsafe_globals(f) -> list[str]:

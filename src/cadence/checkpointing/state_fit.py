@@ -302,7 +302,11 @@ def apply_all(steps: Sequence[ApplyStep], path: Any = None) -> None:
         try:
             step.apply()
         except Exception as e:
-            undo.append((step.label, restore))
+            own_reset = ""
+            try:
+                restore()  # the failing object may have changed before it failed
+            except Exception as again:
+                own_reset = f" Resetting the {step.label} state itself failed too ({again})."
             failures = []
             for label, back in reversed(undo):
                 try:
@@ -310,13 +314,13 @@ def apply_all(steps: Sequence[ApplyStep], path: Any = None) -> None:
                 except Exception as again:  # keep restoring the others
                     failures.append(f"{label} ({again})")
             note = (
-                " Every object was restored to its state before the load."
+                " Every object applied before it was restored."
                 if not failures
                 else f" Could not restore: {', '.join(failures)}."
             )
             raise CheckpointMismatchError(
                 f"Loading checkpoint {path} failed while applying the {step.label} state "
-                f"({type(e).__name__}: {e}).{note}",
+                f"({type(e).__name__}: {e}).{note}{own_reset}",
                 path=path,
                 problems=[f"{step.label}: {e}"],
             ) from e

@@ -151,7 +151,11 @@ def apply_training_state(
     change when a state does not fit; when applying fails anyway, restores what was applied.
     """
     path = Path(path)
-    raise_if_problems(path, training_state_problems(targets, loaded))
+    try:
+        problems = training_state_problems(targets, loaded)
+    except Exception as e:  # a state too malformed to even compare
+        problems = [f"a saved state has an unexpected structure ({type(e).__name__}: {e})"]
+    raise_if_problems(path, problems)
     steps: list[ApplyStep] = []
     if loaded.rng is not None:
         steps.append(_rng_step(loaded.rng))
