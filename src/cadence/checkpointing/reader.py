@@ -172,6 +172,8 @@ class CheckpointReader:
         source = os.fspath(self.path / name)
         if allow_pickle or map_location not in (None, "cpu") or kwargs:
             data = read_bytes_verified(self.path, name, size, checksum, algorithm)
+            if not allow_pickle:
+                _check_torch_archive(io.BytesIO(data), size, source, self.path)
             return read_torch(
                 io.BytesIO(data), map_location, allow_pickle=allow_pickle, source=source, **kwargs
             )
@@ -179,6 +181,8 @@ class CheckpointReader:
         # run code, and every state is checked against its object before it is applied).
         fd_stat = _identity(self.path, name)
         self.file(name) if checksum is not None else check_member(self.path, name, size)
+        with open(resolve_member(self.path, name), "rb") as f:
+            _check_torch_archive(f, size, source, self.path)
         try:
             obj = read_torch(source, map_location, allow_pickle=False, source=source, mmap=True)
         except CheckpointError:
@@ -227,6 +231,36 @@ class CheckpointReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_torch_archive(f: Any, size: int, source: str, directory: Path) -> None:
+    """Refuse a torch file whose archive entries claim more bytes than the file holds.
+
+    torch allocates each record at the size its zip entry declares; a checked but hostile file
+    could otherwise ask for any amount of memory. torch writes records uncompressed, so no entry
+    can be larger than the file. Files in torch's pre-1.6 (non-zip) format size their storages
+    from the pickle and are refused unless fully unpickled by explicit opt-in.
+    """
+    import zipfile
+
+    def bad(why: str) -> CheckpointCorruptError:
+        return CheckpointCorruptError(
+            f"Cannot read {source}: {why}", path=directory, problems=[f"{source}: {why}"]
+        )
+
+    try:
+        with zipfile.ZipFile(f) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, RecursionError) as e:
+        raise bad(
+            f"not a zip-format torch file ({e}); files in torch's legacy format load only "
+            "with allow_pickle=True"
+        ) from None
+    for info in entries:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise bad(f"archive entry {info.filename[:80]!r} is compressed; torch never does that")
+        if info.file_size > size or info.header_offset + info.file_size > size:
+            raise bad(f"archive entry {info.filename[:80]!r} claims more bytes than the file holds")
 
 
 def _identity(directory: Path, name: str) -> tuple[int, int, int]:
