@@ -32,6 +32,7 @@ import tempfile
 import textwrap
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -180,15 +181,18 @@ def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int
             torch.save(optimizer.optimizer.state_dict(), folder / "optimizer.pt")
 
     def bare_load(folder: Path) -> None:
-        source = folder if world == 1 else root / f"bare_{r}"
-        inner.load_state_dict(torch.load(source / "model.pt", weights_only=True))
-        optimizer.optimizer.load_state_dict(torch.load(source / "optimizer.pt", weights_only=True))
+        inner.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+        optimizer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+
+    def disk_write(path: Path, nbytes: int) -> None:
+        if main:
+            dd_write(path, nbytes, chunk)
 
     for r in range(args.rounds):
         bare, ours, disk = root / f"bare_{r}", root / f"cadence_{r}", root / f"dd_{r}.bin"
         saves = [
-            ("bare_save", lambda: bare_save(bare)),
-            ("cadence_save", lambda: acc.save_state(ours)),
+            ("bare_save", partial(bare_save, bare)),
+            ("cadence_save", partial(acc.save_state, ours)),
         ]
         for key, fn in saves if r % 2 == 0 else reversed(saves):
             timed(key, fn)
@@ -208,7 +212,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int
             disk.unlink(missing_ok=True)
         # Async: the caller is blocked only for the snapshot; the write finishes in the background.
         folder = root / f"async_{r}"
-        timed("async_blocked", lambda: acc.save_state(folder, async_save=True))
+        timed("async_blocked", partial(acc.save_state, folder, async_save=True))
         start = time.perf_counter()
         wait_for_async_save(acc)
         times["async_rest"].append(time.perf_counter() - start)
