@@ -198,10 +198,10 @@ def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int
             timed(key, fn)
         if main and not nbytes:
             nbytes = folder_bytes(ours)
-        timed("dd", lambda: dd_write(disk, nbytes, chunk) if main else None)
+        timed("dd", partial(disk_write, disk, nbytes))
         loads = [
-            ("bare_load", lambda: bare_load(bare)),
-            ("cadence_load", lambda: acc.load_state(ours)),
+            ("bare_load", partial(bare_load, bare)),
+            ("cadence_load", partial(acc.load_state, ours)),
         ]
         for key, fn in loads if r % 2 == 0 else reversed(loads):
             timed(key, fn)
