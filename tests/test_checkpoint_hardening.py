@@ -425,3 +425,25 @@ def test_the_refusal_advice_works(dist_pool, tmp_path):
     # Both pieces of advice work.
     assert dist_pool(2).run(load_pickled, folder, "allow_pickle") == [7, 7]
     assert dist_pool(2).run(load_pickled, folder, "load_kwargs") == [7, 7]
+
+
+def test_flipped_byte_in_a_large_file_is_caught(tmp_path):
+    """Files over 1 MB are hashed through a mapping; a flip must still be caught, in both readers."""
+    from cadence.checkpointing import CheckpointCorruptError, begin_checkpoint, open_checkpoint
+
+    writer = begin_checkpoint(tmp_path / "c", durable=False)
+    writer.save_tensors("big.safetensors", {"w": torch.randn(1 << 20)})  # 4 MB
+    writer.save_object("big.bin", {"w": torch.randn(1 << 20)})
+    writer.commit()
+    for name in ("big.safetensors", "big.bin"):
+        path = tmp_path / "c" / name
+        with open(path, "r+b") as f:
+            f.seek(3 << 20)
+            byte = f.read(1)
+            f.seek(3 << 20)
+            f.write(bytes([byte[0] ^ 1]))
+    with open_checkpoint(tmp_path / "c") as reader:
+        with pytest.raises(CheckpointCorruptError, match="big.safetensors: content changed"):
+            reader.load_tensors("big.safetensors")
+        with pytest.raises(CheckpointCorruptError, match="big.bin: content changed"):
+            reader.load_object("big.bin")

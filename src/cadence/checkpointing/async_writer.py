@@ -35,8 +35,13 @@ logger = logging.getLogger(__name__)
 def write_files(writer: CheckpointWriter, files: Mapping[str, Any]) -> None:
     """Write `{file name: payload}` with the writer: `.safetensors` names hold a dict of tensors,
     `.json` names a JSON value, bytes are written as they are, anything else through torch.save.
-    A payload may also be a pair `("weights" | "object", state)` naming its kind explicitly."""
-    for name, payload in files.items():
+    A payload may also be a pair `("weights" | "object", state)` naming its kind explicitly.
+
+    Largest first: each file's fsync runs in the background while the next one is written, so
+    the one fsync left to wait for at the end is that of a small file."""
+    order = sorted(files, key=lambda n: -estimate_bytes({n: files[n]}))
+    for name in order:
+        payload = files[name]
         kind = None
         if isinstance(payload, tuple) and len(payload) == 2 and payload[0] in ("weights", "object"):
             kind, payload = payload

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError
+from .fs import start_writeback
 
 if TYPE_CHECKING:
     import torch
 
 _MAX_HEADER = 100 * 1024 * 1024
-_WRITE_CHUNK = 1 << 30
+_WRITE_CHUNK = 64 << 20
 
 
 def _dtype_names() -> dict[Any, str]:
@@ -142,10 +143,15 @@ def write_tensor_file(
             path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644
         )
         try:
+            position = 0
             for chunk in chunks:
                 done = 0
                 while done < len(chunk):
-                    done += os.write(fd, chunk[done : done + _WRITE_CHUNK])
+                    n = os.write(fd, chunk[done : done + _WRITE_CHUNK])
+                    # Overlap the disk's work with writing the rest: writeback starts per chunk.
+                    start_writeback(fd, position, n)
+                    done += n
+                    position += n
         finally:
             os.close(fd)
     finally:
