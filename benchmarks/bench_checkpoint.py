@@ -13,7 +13,8 @@ State: a model of --params million parameters (Linear layers of width 2048) with
   async: the time save_state(async_save=True) blocks the caller (the snapshot), vs a sync save
 With 2 processes the model is replicated (DDP); rank 0 writes the model and optimizer, every
 rank its RNG state, as save_state does; times are rank 0's between barriers. Loads read from the
-page cache for every contender alike (the cache is not dropped: other users share this machine).
+page cache for every contender alike (the cache is not dropped: other users share this machine);
+before each timed operation, os.sync() flushes dirty data so no contender pays for another's writes.
 
 Run: python benchmarks/bench_checkpoint.py [--params 100] [--rounds 3] [--procs 1 2]
      [--dir /path/on/the/disk] [--reference /work/ref-venv/bin/python | --reference none]
@@ -109,8 +110,9 @@ REFERENCE_SCRIPT = textwrap.dedent(
         acc.wait_for_everyone()
         load = time.perf_counter() - t
         if rank == 0:
+            size = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(folder) for n in ns)
             with open(out, "w") as f:
-                json.dump({"save": save, "load": load}, f)
+                json.dump({"save": save, "load": load, "bytes": size}, f)
 
     if __name__ == "__main__":
         world, million, folder, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -126,6 +128,7 @@ def run_reference(python: str, world: int, million: int, folder: Path, port: int
     script = folder.parent / "reference_bench.py"
     script.write_text(REFERENCE_SCRIPT % {"width": WIDTH})
     out = folder.parent / "reference_times.json"
+    os.sync()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     done = subprocess.run(
@@ -168,6 +171,9 @@ def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int
     chunk = memoryview(bytearray(64 << 20))
 
     def timed(key: str, fn) -> None:
+        # Every contender starts with no dirty data waiting for the disk (earlier writes would
+        # otherwise throttle whoever comes next).
+        os.sync()
         acc.wait_for_everyone()
         start = time.perf_counter()
         fn()
@@ -226,6 +232,8 @@ def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int
                 if result is not None:
                     times["reference_save"].append(result["save"])
                     times["reference_load"].append(result["load"])
+                    if r == 0:
+                        print(f"reference checkpoint: {result['bytes'] / 1e6:.0f} MB", flush=True)
         acc.wait_for_everyone()
     if main:
         (root / f"times_{world}.json").write_text(json.dumps({"times": times, "bytes": nbytes}))
