@@ -7,9 +7,8 @@ and weights-only files are then mapped, not copied). Load everything first, then
 state fits its object, then apply: nothing is applied half-way.
 
     with open_checkpoint(path) as ckpt:
-        weights = ckpt.load_tensors("model.safetensors")
-        optim = ckpt.load_object("optimizer.bin")
-        ckpt.finish()
+        weights = ckpt.load_tensors("model.safetensors")   # checked, then mapped
+        optim = ckpt.load_object("optimizer.bin")           # checked, then weights_only load
     model.load_state_dict(weights); optimizer.load_state_dict(optim)
 """
 
