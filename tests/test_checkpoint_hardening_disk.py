@@ -171,3 +171,38 @@ def test_file_size_limit_fails_cleanly_and_keeps_the_last_checkpoint(tmp_path):
         assert "no space left on" in message and "needed about" in message
     assert result["leftovers"] == ["ckpt"]
     assert result["restored"]
+
+
+def fill_the_disk_async(project_dir):
+    """An asynchronous save that runs out of space: the next call that waits for it raises on
+    every rank, and nothing is left behind."""
+    from cadence import Accelerator, ProjectConfiguration
+
+    torch.manual_seed(0)
+    config = ProjectConfiguration(project_dir=project_dir, automatic_checkpoint_naming=True)
+    acc = Accelerator(cpu=True, project_config=config)
+    model, optimizer = acc.prepare(torch.nn.Linear(8, 8), torch.optim.AdamW([torch.zeros(1)]))
+    blob = Blob()
+    acc.register_for_checkpointing(blob)
+    acc.save_state(async_save=True)
+    blob.values = [float(i) for i in range(1_000_000)]  # about 9 MB pickled: does not fit
+    acc.save_state(async_save=True)  # waits for the first (fine), starts the second
+    error = None
+    try:
+        acc.wait_for_everyone()
+        acc.load_state()  # waits for the second save first
+    except OSError as e:
+        error = (e.errno, str(e))
+    leftovers = sorted(os.listdir(os.path.join(project_dir, "checkpoints")))
+    acc.project_configuration.iteration = 0
+    acc.load_state()
+    return {"error": error, "leftovers": leftovers, "values": len(blob.values)}
+
+
+def test_full_disk_during_an_asynchronous_save(dist_pool, small_disk):
+    results = dist_pool(2).run(fill_the_disk_async, small_disk, timeout=120)
+    for result in results:
+        assert result["error"] is not None and result["error"][0] == errno.ENOSPC
+        assert "no space left on" in result["error"][1]
+        assert result["leftovers"] == ["checkpoint_0"]
+        assert result["values"] == 10  # the first checkpoint's state

@@ -226,8 +226,10 @@ def wait_for_async_save(accelerator: Any) -> None:
     """Block until this process's asynchronous save (if any) is committed; raise its error."""
     saver = accelerator.__dict__.get("_async_saver")
     if saver is not None:
-        saver.wait()
-        accelerator.wait_for_everyone()
+        # One collective that also carries each rank's outcome: when the save failed anywhere
+        # (a full disk on the rank that writes the model), every rank raises, none waits.
+        error = _attempt(saver.wait)
+        _raise_agreed(gather_object([_failure(error, accelerator.process_index)]), error)
     wait_for_removals()
 
 
