@@ -1,24 +1,36 @@
-"""Checkpoint benchmark: Cadence's atomic, verified checkpoints vs plain torch.save / torch.load.
+"""Checkpoint benchmark (issue 14): Accelerator.save_state / load_state against bare torch, the
+reference library and the disk itself, interleaved in one run, with 1 and 2 processes.
 
-State: a ~100M-parameter model with AdamW state (about 1.2 GB). Measured in one run, interleaved:
-  save:  torch.save(model) + torch.save(optimizer)   vs  begin_checkpoint / write / commit
-         (Cadence also fsyncs every file, checksums it and writes the manifest)
-  load:  torch.load + load_state_dict                 vs  open_checkpoint + apply, with every
-         checksum verified (and, for reference, with sizes only)
-  async: in a short training loop, the time training is blocked by an asynchronous save (CPU copy
-         made before returning, or made by the background thread with a fence before the next
-         optimizer.step) vs the time of a synchronous save, and how much slower the loop got.
+State: a model of --params million parameters (Linear layers of width 2048) with AdamW state
+(about 12 bytes per parameter in all: 100M -> 1.2 GB). Per round, in alternating order:
+  save:  bare torch.save(model.state_dict()) + torch.save(optimizer.state_dict()) (no fsync)
+         vs Cadence save_state (atomic: fsync per file and per folder, checksums, manifest)
+         vs the reference's save_state, run in a subprocess of /work/ref-venv/bin/python
+  disk:  a dd-style write + fsync of the same byte count from memory (the disk's own speed)
+  load:  bare torch.load(weights_only=True) + load_state_dict
+         vs Cadence load_state (every checksum verified before anything is deserialized)
+         vs the reference's load_state (subprocess)
+  async: the time save_state(async_save=True) blocks the caller (the snapshot), vs a sync save
+With 2 processes the model is replicated (DDP); rank 0 writes the model and optimizer, every
+rank its RNG state, as save_state does; times are rank 0's between barriers. Loads read from the
+page cache for every contender alike (the cache is not dropped: other users share this machine);
+before each timed operation, os.sync() flushes dirty data so no contender pays for another's writes.
 
-Run: .venv/bin/python benchmarks/bench_checkpoint.py [--rounds 3] [--params 100] [--threads N]
+Run: python benchmarks/bench_checkpoint.py [--params 100] [--rounds 3] [--procs 1 2]
+     [--dir /path/on/the/disk] [--reference /work/ref-venv/bin/python | --reference none]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import textwrap
 import time
 from collections import defaultdict
 from functools import partial
@@ -26,20 +38,13 @@ from pathlib import Path
 
 import torch
 
-from cadence.checkpointing import (
-    AsyncCheckpointSaver,
-    apply_model_state,
-    begin_checkpoint,
-    open_checkpoint,
-    write_and_commit,
-)
+WIDTH = 2048
 
 
 def build_state(million_params: int):
     torch.manual_seed(0)
-    width = 2048
-    layers = max(1, round(million_params * 1e6 / (width * width + width)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    layers = max(1, round(million_params * 1e6 / (WIDTH * WIDTH + WIDTH)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
@@ -48,162 +53,254 @@ def build_state(million_params: int):
     return model, optimizer
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-# ----------------------------------------------------------------------------- hand-written torch
-def plain_save(model, optimizer, folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), folder / "model.pt")
-    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+def dd_write(path: Path, nbytes: int, buffer: memoryview) -> None:
+    """Write `nbytes` from memory in large chunks, then fsync: the disk's sequential write speed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = nbytes
+        while left:
+            left -= os.write(fd, buffer[: min(left, len(buffer))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
-def plain_load(model, optimizer, folder: Path) -> None:
-    model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-
-
-# ----------------------------------------------------------------------------- cadence
-def cadence_save(model, optimizer, folder: Path) -> None:
-    writer = begin_checkpoint(folder)
-    writer.save_tensors("model.safetensors", model.state_dict())
-    writer.save_object("optimizer.bin", optimizer.state_dict())
-    writer.commit()
-
-
-def cadence_load(model, optimizer, folder: Path, verify: str = "full") -> None:
-    with open_checkpoint(folder, verify=verify) as ckpt:
-        weights = ckpt.load_tensors("model.safetensors")
-        optim = ckpt.load_object("optimizer.bin")
-        ckpt.finish()  # with verify="full", every checksum is checked before anything is applied
-    apply_model_state(model, weights)
-    optimizer.load_state_dict(optim)
-
-
-def train_with_save(model, optimizer, mode: str, folder: Path, saver: AsyncCheckpointSaver):
-    """Three training steps with a save after the first; returns (blocked, total) seconds.
-
-    blocked: time inside the save call, plus (deferred mode) the wait at the fence before the next
-    optimizer.step(); total: wall time of the three steps (the background write competes for CPU).
+# ----------------------------------------------------------------------------- the reference
+REFERENCE_SCRIPT = textwrap.dedent(
     """
-    batch = torch.randn(8, model[0].in_features)
-    blocked = 0.0
-    start = time.perf_counter()
-    for step in range(3):
-        model(batch).square().mean().backward()
-        t = time.perf_counter()
-        saver.fence()
-        blocked += time.perf_counter() - t
+    import json, os, shutil, sys, time
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def build(million):
+        torch.manual_seed(0)
+        width = %(width)d
+        layers = max(1, round(million * 1e6 / (width * width + width)))
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step != 0 or mode == "none":
-            continue
+        return model, optimizer
+
+    def run(rank, world, million, folder, port, out):
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        from accelerate import Accelerator
+        acc = Accelerator(cpu=True)
+        model, optimizer = acc.prepare(*build(million))
+        acc.wait_for_everyone()
         t = time.perf_counter()
-        if mode == "sync":
-            cadence_save(model, optimizer, folder)
+        acc.save_state(folder)
+        acc.wait_for_everyone()
+        save = time.perf_counter() - t
+        t = time.perf_counter()
+        acc.load_state(folder)
+        acc.wait_for_everyone()
+        load = time.perf_counter() - t
+        if rank == 0:
+            size = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(folder) for n in ns)
+            with open(out, "w") as f:
+                json.dump({"save": save, "load": load, "bytes": size}, f)
+
+    if __name__ == "__main__":
+        world, million, folder, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+        if world == 1:
+            run(0, 1, million, folder, port, out)
         else:
-            saver.wait()
-            live = {
-                "model.safetensors": model.state_dict(),
-                "optimizer.bin": optimizer.state_dict(),
-            }
-            writer = begin_checkpoint(folder)
-            if mode == "async":
-                saver.submit(write_and_commit, writer, saver.snapshot(live), commit=True)
-            else:
-                saver.submit_deferred(live, write_and_commit, writer, commit=True)
-        blocked += time.perf_counter() - t
-    total = time.perf_counter() - start
-    saver.wait()  # end of training
-    return blocked, total
+            mp.spawn(run, args=(world, million, folder, port, out), nprocs=world)
+    """
+)
 
 
-# ----------------------------------------------------------------------------- report
-LABELS = {
-    "ps": "torch.save",
-    "cs": "cadence save",
-    "pl": "torch.load",
-    "cl": "cadence load",
-    "cls": "cadence load (sizes)",
-    "sync_blocked": "sync: blocked",
-    "async_blocked": "async: blocked",
-    "deferred_blocked": "deferred: blocked",
-    "none_total": "3 steps, no save",
-    "sync_total": "3 steps, sync",
-    "async_total": "3 steps, async",
-    "deferred_total": "3 steps, deferred",
-}
+def run_reference(python: str, world: int, million: int, folder: Path, port: int) -> dict | None:
+    script = folder.parent / "reference_bench.py"
+    script.write_text(REFERENCE_SCRIPT % {"width": WIDTH})
+    out = folder.parent / "reference_times.json"
+    os.sync()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    done = subprocess.run(
+        [python, str(script), str(world), str(million), str(folder), str(port), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+    if done.returncode != 0 or not out.exists():
+        print("reference run failed:", done.stderr[-2000:], file=sys.stderr)
+        return None
+    return json.loads(out.read_text())
 
 
-def report(name: str, ours: list[float], theirs: list[float], their_name: str) -> None:
-    a, b = statistics.median(ours), statistics.median(theirs)
-    print(f"{name:<34} cadence {a:7.3f}s   {their_name} {b:7.3f}s   ratio {a / b:5.2f}x")
+# ----------------------------------------------------------------------------- one process's work
+def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int) -> None:
+    import torch.distributed as dist
+
+    if world > 1:
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+    from cadence import Accelerator
+    from cadence.checkpoint_flow import wait_for_async_save
+
+    acc = Accelerator(cpu=True)
+    model, optimizer = build_state(args.params)
+    model, optimizer = acc.prepare(model, optimizer)
+    inner = acc.unwrap_model(model)
+    main = acc.is_main_process
+    root = Path(root)
+    times: dict[str, list[float]] = defaultdict(list)
+    nbytes = 0
+    chunk = memoryview(bytearray(64 << 20))
+
+    def timed(key: str, fn) -> None:
+        # Every contender starts with no dirty data waiting for the disk (earlier writes would
+        # otherwise throttle whoever comes next).
+        os.sync()
+        acc.wait_for_everyone()
+        start = time.perf_counter()
+        fn()
+        acc.wait_for_everyone()
+        times[key].append(time.perf_counter() - start)
+
+    def bare_save(folder: Path) -> None:
+        if main:
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.save(inner.state_dict(), folder / "model.pt")
+            torch.save(optimizer.optimizer.state_dict(), folder / "optimizer.pt")
+
+    def bare_load(folder: Path) -> None:
+        inner.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+        optimizer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+
+    def disk_write(path: Path, nbytes: int) -> None:
+        if main:
+            dd_write(path, nbytes, chunk)
+
+    for r in range(args.rounds):
+        bare, ours, disk = root / f"bare_{r}", root / f"cadence_{r}", root / f"dd_{r}.bin"
+        saves = [
+            ("bare_save", partial(bare_save, bare)),
+            ("cadence_save", partial(acc.save_state, ours)),
+        ]
+        for key, fn in saves if r % 2 == 0 else reversed(saves):
+            timed(key, fn)
+        if main and not nbytes:
+            nbytes = folder_bytes(ours)
+        timed("dd", partial(disk_write, disk, nbytes))
+        loads = [
+            ("bare_load", partial(bare_load, bare)),
+            ("cadence_load", partial(acc.load_state, ours)),
+        ]
+        for key, fn in loads if r % 2 == 0 else reversed(loads):
+            timed(key, fn)
+        acc.wait_for_everyone()
+        if main:
+            shutil.rmtree(bare, ignore_errors=True)
+            shutil.rmtree(ours, ignore_errors=True)
+            disk.unlink(missing_ok=True)
+        # Async: the caller is blocked only for the snapshot; the write finishes in the background.
+        folder = root / f"async_{r}"
+        timed("async_blocked", partial(acc.save_state, folder, async_save=True))
+        start = time.perf_counter()
+        wait_for_async_save(acc)
+        times["async_rest"].append(time.perf_counter() - start)
+        acc.wait_for_everyone()
+        if main:
+            shutil.rmtree(folder, ignore_errors=True)
+            if args.reference != "none":
+                result = run_reference(
+                    args.reference, world, args.params, root / f"ref_{r}", port + 1 + r
+                )
+                if result is not None:
+                    times["reference_save"].append(result["save"])
+                    times["reference_load"].append(result["load"])
+                    if r == 0:
+                        print(f"reference checkpoint: {result['bytes'] / 1e6:.0f} MB", flush=True)
+        acc.wait_for_everyone()
+    if main:
+        (root / f"times_{world}.json").write_text(json.dumps({"times": times, "bytes": nbytes}))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def report(world: int, data: dict, n_params: int) -> None:
+    times, nbytes = data["times"], data["bytes"]
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    mb = nbytes / 1e6
+    print(
+        f"\n== {world} process(es): {n_params / 1e6:.1f}M parameters + AdamW, {mb:.0f} MB on disk"
+    )
+    for key, values in times.items():
+        print(f"  {key:<16}" + " ".join(f"{t:7.3f}" for t in values) + f"   median {med[key]:.3f}s")
+
+    def ratio(a: str, b: str, label: str) -> None:
+        if a in med and b in med:
+            print(f"  {label:<48} {med[a]:7.3f}s / {med[b]:7.3f}s = {med[a] / med[b]:5.2f}x")
+
+    ratio("cadence_save", "bare_save", "save_state vs bare torch.save (target <= 1.0x)")
+    ratio("cadence_save", "reference_save", "save_state vs the reference (target <= 0.8x)")
+    ratio("cadence_load", "bare_load", "load_state vs torch.load+load_state_dict (<= 1.0x)")
+    ratio("cadence_load", "reference_load", "load_state vs the reference")
+    ratio("async_blocked", "cadence_save", "async save blocks vs a sync save (<= 10%)")
+    if "dd" in med:
+        disk = mb / med["dd"]
+        ours = mb / med["cadence_save"]
+        print(
+            f"  {'MB/s: save_state vs dd write+fsync (>= 80%)':<48} {ours:7.0f} / {disk:7.0f} MB/s"
+            f" = {100 * ours / disk:5.1f}%"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--params", type=int, default=100, help="model size in millions")
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dir", default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--reference", default="/work/ref-venv/bin/python")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, optimizer = build_state(args.params)
-    n_params = sum(p.numel() for p in model.parameters())
-    root = Path(args.dir or tempfile.mkdtemp(prefix="cadence-bench-ckpt-"))
-    root.mkdir(parents=True, exist_ok=True)
+    if args.reference != "none" and not os.path.exists(args.reference):
+        print(f"no reference interpreter at {args.reference}; skipping it")
+        args.reference = "none"
+    base = Path(args.dir or tempfile.mkdtemp(prefix="cadence-bench-ckpt-"))
+    n_params = sum(p.numel() for p in build_state(args.params)[0].parameters())
     print(
-        f"{n_params / 1e6:.1f}M parameters + AdamW state, {args.rounds} interleaved rounds, in "
-        f"{root}, {torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.1f}"
+        f"{n_params / 1e6:.1f}M parameters, {args.rounds} interleaved rounds in {base}, "
+        f"{torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.1f}"
     )
-    times: dict[str, list[float]] = defaultdict(list)
-    saver = AsyncCheckpointSaver()
     try:
-        for r in range(args.rounds):
-            plain_dir, ours_dir = root / f"plain_{r}", root / f"cadence_{r}"
-            saves = [
-                ("ps", partial(plain_save, model, optimizer, plain_dir)),
-                ("cs", partial(cadence_save, model, optimizer, ours_dir)),
-            ]
-            loads = [
-                ("pl", partial(plain_load, model, optimizer, plain_dir)),
-                ("cl", partial(cadence_load, model, optimizer, ours_dir)),
-                ("cls", partial(cadence_load, model, optimizer, ours_dir, "sizes")),
-            ]
-            for pair in (saves, loads):
-                for key, fn in pair if r % 2 == 0 else reversed(pair):  # alternate who goes first
-                    times[key].append(timed(fn))
-            shutil.rmtree(plain_dir)
-            shutil.rmtree(ours_dir)
-            modes = ["none", "sync", "async", "deferred"]
-            for mode in modes if r % 2 == 0 else reversed(modes):
-                folder = root / f"{mode}_{r}"
-                blocked, total = train_with_save(model, optimizer, mode, folder, saver)
-                times[f"{mode}_blocked"].append(blocked)
-                times[f"{mode}_total"].append(total)
-                shutil.rmtree(folder, ignore_errors=True)
+        for world in args.procs:
+            root = base / f"procs_{world}"
+            root.mkdir(parents=True, exist_ok=True)
+            port = 29700 + 10 * world + os.getpid() % 200
+            if world == 1:
+                worker(0, 1, args, str(root), port)
+            else:
+                torch.multiprocessing.spawn(
+                    worker, args=(world, args, str(root), port), nprocs=world
+                )
+            report(world, json.loads((root / f"times_{world}.json").read_text()), n_params)
     finally:
-        saver.wait()
         if args.dir is None:
-            shutil.rmtree(root, ignore_errors=True)
-    for key, label in LABELS.items():
-        print(f"  {label:<21}" + " ".join(f"{t:6.3f}" for t in times[key]))
-    report("save (atomic+fsync+checksums)", times["cs"], times["ps"], "torch.save")
-    report("load (checksums verified)", times["cl"], times["pl"], "torch.load")
-    report("load (sizes verified)", times["cls"], times["pl"], "torch.load")
-    sync = statistics.median(times["sync_blocked"])
-    base = statistics.median(times["none_total"])
-    for mode in ("async", "deferred"):
-        blocked = statistics.median(times[f"{mode}_blocked"])
-        slower = statistics.median(times[f"{mode}_total"]) - base
-        print(
-            f"{mode + ' save: training blocked':<34} {blocked:7.3f}s = {100 * blocked / sync:5.1f}% "
-            f"of the {sync:.3f}s sync save; the 3 steps took {slower:+.3f}s vs no save"
-        )
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

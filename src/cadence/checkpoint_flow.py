@@ -15,33 +15,34 @@ from typing import Any
 from .checkpointing import (
     AsyncCheckpointSaver,
     CheckpointError,
-    apply_model_state,
     begin_checkpoint,
     capture_rng_state,
     checkpoints_dir,
     cleanup_checkpoints_dir,
+    commit_checkpoint,
     latest_checkpoint,
     new_token,
     next_iteration,
-    open_checkpoint,
     prune_checkpoints,
-    restore_rng_state,
+    write_and_commit,
+    write_rank_files,
 )
+from .checkpointing.fs import wait_for_removals
 from .checkpointing.layout import (
     custom_state_file,
-    dataloader_state_file,
     model_file,
     optimizer_file,
     rng_state_file,
     scaler_file,
     scheduler_file,
 )
-from .collectives import broadcast_object_list
-
-
-def dataloader_rank_file(index: int, rank: int) -> str:
-    # Positions are per rank: each holds that rank's RNG state at the start of its epoch.
-    return dataloader_state_file(index).replace(".bin", f"_rank{rank}.bin")
+from .checkpointing.state_io import (
+    StateTargets,
+    apply_training_state,
+    dataloader_rank_file,
+    read_training_state,
+)
+from .collectives import broadcast_object_list, gather_object
 
 
 def _resolve_save_dir(accelerator: Any, output_dir: Any) -> Path:
@@ -114,12 +115,37 @@ def _gather_files(accelerator: Any, safe_serialization: bool, output_dir: str) -
     return files
 
 
-def _write(writer: Any, files: dict[str, Any]) -> None:
-    for name, (kind, state) in files.items():
-        if kind == "weights":
-            writer.save_tensors(name, state, metadata={"format": "pt"})
-        else:
-            writer.save_object(name, state)
+def _failure(error: BaseException | None, rank: int) -> dict | None:
+    if error is None:
+        return None
+    return {
+        "rank": rank,
+        "errno": getattr(error, "errno", None),
+        "type": type(error).__name__,
+        "message": str(error)[:2000],
+    }
+
+
+def _raise_agreed(failures: list, own: BaseException | None) -> None:
+    """Raise on every rank when any rank failed: its own error, or the first failed rank's cause."""
+    failed = [f for f in failures if f]
+    if not failed:
+        return
+    if own is not None:
+        raise own
+    first = failed[0]
+    message = f"save_state failed on rank {first['rank']}: {first['message']}"
+    if isinstance(first["errno"], int):
+        raise OSError(first["errno"], message)
+    raise CheckpointError(message)
+
+
+def _attempt(fn: Any, *args: Any, **kwargs: Any) -> BaseException | None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # reported to every rank before anyone raises
+        return e
+    return None
 
 
 def save_state(
@@ -130,7 +156,8 @@ def save_state(
     wait_for_async_save(accelerator)
     config = accelerator.project_configuration
     rank, world = accelerator.process_index, accelerator.num_processes
-    if config.automatic_checkpoint_naming and accelerator.is_main_process and final.parent.is_dir():
+    main = accelerator.is_main_process
+    if config.automatic_checkpoint_naming and main and final.parent.is_dir():
         cleanup_checkpoints_dir(final.parent)  # leftovers of saves killed earlier
     writer = begin_checkpoint(final, token=_shared_token(accelerator), rank=rank)
     try:
@@ -149,43 +176,61 @@ def save_state(
         if config.automatic_checkpoint_naming and config.total_limit is not None
         else None
     )
+
+    def rotate() -> None:
+        if limit is not None:
+            prune_checkpoints(final.parent, limit, background=True)
+
     if async_save:
         saver = accelerator.__dict__.setdefault("_async_saver", AsyncCheckpointSaver())
-        snapshot = saver.snapshot(files)
+        # Blocks only for the copy to CPU memory; no collective runs in the background: the
+        # committing rank waits for the others' markers (or their failure markers).
         saver.submit(
-            _write_and_commit, writer, snapshot, world, accelerator.is_main_process, metadata, limit
+            write_and_commit,
+            writer,
+            saver.snapshot(files),
+            commit=main,
+            world_size=world,
+            timeout=600,
+            metadata=metadata,
+            after_commit=rotate,
+            remove_old_in_background=True,
         )
     else:
-        _write(writer, files)
-        writer.rank_done()
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            writer.commit(world_size=world, metadata=metadata)
-            if limit is not None:
-                prune_checkpoints(final.parent, limit)
-        accelerator.wait_for_everyone()
+        # Two collectives, each also carrying every rank's outcome, so a rank that fails (a full
+        # disk) makes every rank fail together instead of leaving the others in a barrier.
+        error = _attempt(write_rank_files, writer, files)
+        failures = gather_object([_failure(error, rank)])
+        if any(failures):
+            writer.abort()
+            _raise_agreed(failures, error)
+        if main:
+            error = _attempt(
+                commit_checkpoint,
+                writer,
+                world_size=world,
+                metadata=metadata,
+                after_commit=rotate,
+                remove_old_in_background=True,
+            )
+            if error is not None:
+                writer.abort()
+        outcome = broadcast_object_list([_failure(error, rank) if main else None])
+        _raise_agreed(outcome, error if main else None)
     if config.automatic_checkpoint_naming:
         config.iteration += 1
     return str(final)
 
 
-def _write_and_commit(
-    writer: Any, files: dict[str, Any], world: int, main: bool, metadata: dict, limit: Any
-) -> None:
-    _write(writer, files)
-    writer.rank_done()
-    if main:
-        # No barrier from a background thread: the commit waits for every rank's marker instead.
-        writer.commit(world_size=world, metadata=metadata, timeout=600)
-        if limit is not None:
-            prune_checkpoints(writer.final_dir.parent, limit)
-
-
 def wait_for_async_save(accelerator: Any) -> None:
+    """Block until this process's asynchronous save (if any) is committed; raise its error."""
     saver = accelerator.__dict__.get("_async_saver")
     if saver is not None:
-        saver.wait()
-        accelerator.wait_for_everyone()
+        # One collective that also carries each rank's outcome: when the save failed anywhere
+        # (a full disk on the rank that writes the model), every rank raises, none waits.
+        error = _attempt(saver.wait)
+        _raise_agreed(gather_object([_failure(error, accelerator.process_index)]), error)
+    wait_for_removals()
 
 
 def _resolve_load_dir(accelerator: Any, input_dir: Any) -> tuple[Path, bool]:
@@ -203,71 +248,48 @@ def _resolve_load_dir(accelerator: Any, input_dir: Any) -> tuple[Path, bool]:
     return newest, True
 
 
-def _read_object(reader: Any, name: str, allow_pickle: bool, map_location: Any = "cpu") -> Any:
-    return reader.load_object(name, map_location=map_location, allow_pickle=allow_pickle)
-
-
 def load_state(
     accelerator: Any, input_dir: Any = None, load_kwargs: dict | None = None, **model_kwargs: Any
 ) -> None:
     wait_for_async_save(accelerator)
     allow_pickle = bool(model_kwargs.pop("allow_pickle", False))
+    if (load_kwargs or {}).get("weights_only") is False:
+        allow_pickle = True  # what the refusal message and the reference suggest
     model_kwargs.pop("map_location", None)  # states are read to CPU, then moved by their owners
     strict = model_kwargs.pop("strict", True)
     path, automatic = _resolve_load_dir(accelerator, input_dir)
-    reader = open_checkpoint(path, verify="full")
     strategy = accelerator._strategy
     rank = accelerator.process_index
     models = list(accelerator._models)
     for hook in list(accelerator._load_model_state_pre_hook.values()):
         hook(models, str(path))
-    # Read everything first: a missing or corrupt file raises before any object changes.
-    with reader:
-        weights = {}
-        if not strategy.saves_sharded_state:
-            for i, model in enumerate(accelerator._models):
-                if not any(model is m for m in models):
-                    continue
-                if reader.has(model_file(i, True)):
-                    weights[i] = reader.load_tensors(model_file(i, True))
-                else:
-                    weights[i] = _read_object(reader, model_file(i, False), allow_pickle)
-        optimizers = (
-            []
-            if strategy.saves_sharded_state
-            else [
-                _read_object(reader, optimizer_file(i), allow_pickle)
-                for i in range(len(accelerator._optimizers))
-            ]
-        )
-        schedulers = [
-            _read_object(reader, scheduler_file(i), allow_pickle)
-            for i in range(len(accelerator._schedulers))
-        ]
-        scaler = (
-            _read_object(reader, scaler_file(), allow_pickle)
-            if accelerator.scaler is not None
-            else None
-        )
-        customs = [
-            _read_object(reader, custom_state_file(i), allow_pickle)
-            for i in range(len(accelerator._custom_objects))
-        ]
-        loaders = {}
-        for i, loader in enumerate(accelerator._dataloaders):
-            name = dataloader_rank_file(i, rank)
-            if hasattr(loader, "load_state_dict") and reader.has(name):
-                loaders[i] = _read_object(reader, name, allow_pickle)
-        rng = (
-            _read_object(reader, rng_state_file(rank), allow_pickle)
-            if reader.has(rng_state_file(rank))
-            else None
-        )
-        reader.finish()
-    _apply(accelerator, weights, optimizers, schedulers, scaler, customs, loaders, rng, strict)
+    targets = StateTargets(
+        models={
+            i: accelerator.unwrap_model(model)
+            for i, model in enumerate(accelerator._models)
+            if any(model is m for m in models)
+        },
+        optimizers=list(accelerator._optimizers),
+        schedulers=list(accelerator._schedulers),
+        scaler=accelerator.scaler,
+        customs=list(accelerator._custom_objects),
+        loaders={
+            i: loader
+            for i, loader in enumerate(accelerator._dataloaders)
+            if hasattr(loader, "load_state_dict")
+        },
+        rank=rank,
+        strict=strict,
+        sharded=strategy.saves_sharded_state,
+    )
+    # Read and verify everything, check every state fits, then apply all or nothing.
+    loaded = read_training_state(path, targets, allow_pickle=allow_pickle)
+    apply_training_state(path, targets, loaded)
+    if loaded.rng is not None:
+        accelerator.step = int(loaded.rng.get("step", accelerator.step))
     if strategy.saves_sharded_state:
         strategy.load_sharded_state(path, accelerator._models, accelerator._optimizers)
-    if rng is None:
+    if loaded.rng is None:
         warnings.warn(
             f"{path} holds no RNG state for process {rank} (saved with fewer processes?): random "
             "numbers will not continue where the saved run left them.",
@@ -276,25 +298,6 @@ def load_state(
         )
     if automatic:
         accelerator.project_configuration.iteration = next_iteration(path.parent)
-
-
-def _apply(accelerator, weights, optimizers, schedulers, scaler, customs, loaders, rng, strict):
-    for i, state in weights.items():
-        target = accelerator.unwrap_model(accelerator._models[i])
-        apply_model_state(target, state, strict=strict)  # refills tied weights stored once
-    for optimizer, state in zip(accelerator._optimizers, optimizers):
-        optimizer.load_state_dict(state)
-    for scheduler, state in zip(accelerator._schedulers, schedulers):
-        scheduler.load_state_dict(state)
-    if scaler is not None:
-        accelerator.scaler.load_state_dict(scaler)
-    for obj, state in zip(accelerator._custom_objects, customs):
-        obj.load_state_dict(state)
-    for i, state in loaders.items():
-        accelerator._dataloaders[i].load_state_dict(state)
-    if rng is not None:
-        restore_rng_state(rng)
-        accelerator.step = int(rng.get("step", accelerator.step))
 
 
 class NotCheckpointableError(TypeError, ValueError):

@@ -4,7 +4,13 @@ This layer knows nothing of the Accelerator or torch.distributed: callers pass r
 flags, and place barriers themselves. torch is imported only by the functions that need it.
 """
 
-from .async_writer import AsyncCheckpointSaver, write_and_commit, write_files
+from .async_writer import (
+    AsyncCheckpointSaver,
+    commit_checkpoint,
+    write_and_commit,
+    write_files,
+    write_rank_files,
+)
 from .atomic import (
     CheckpointWriter,
     begin_checkpoint,
@@ -24,6 +30,7 @@ from .errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointIncompleteError,
+    CheckpointMismatchError,
     UnsafeCheckpointError,
 )
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, is_complete, read_manifest, verify
@@ -61,6 +68,7 @@ __all__ = [
     "CheckpointEntry",
     "CheckpointError",
     "CheckpointIncompleteError",
+    "CheckpointMismatchError",
     "CheckpointReader",
     "CheckpointWriter",
     "FileRecord",
@@ -74,6 +82,7 @@ __all__ = [
     "checkpoints_dir",
     "cleanup_checkpoints_dir",
     "cleanup_stale_siblings",
+    "commit_checkpoint",
     "dedupe_shared_tensors",
     "is_complete",
     "latest_checkpoint",
@@ -101,6 +110,7 @@ __all__ = [
     "verify",
     "write_and_commit",
     "write_files",
+    "write_rank_files",
     "write_safetensors",
     "write_torch",
 ]

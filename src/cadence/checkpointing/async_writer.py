@@ -27,22 +27,80 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .atomic import CheckpointWriter
+from .space import as_space_error, ensure_space, estimate_bytes
 
 logger = logging.getLogger(__name__)
 
 
 def write_files(writer: CheckpointWriter, files: Mapping[str, Any]) -> None:
     """Write `{file name: payload}` with the writer: `.safetensors` names hold a dict of tensors,
-    `.json` names a JSON value, bytes are written as they are, anything else through torch.save."""
-    for name, payload in files.items():
-        if name.endswith(".safetensors"):
-            writer.save_tensors(name, payload)
-        elif name.endswith(".json"):
+    `.json` names a JSON value, bytes are written as they are, anything else through torch.save.
+    A payload may also be a pair `("weights" | "object", state)` naming its kind explicitly.
+
+    Largest first: each file's fsync runs in the background while the next one is written, so
+    the one fsync left to wait for at the end is that of a small file."""
+    order = sorted(files, key=lambda n: -estimate_bytes({n: files[n]}))
+    for name in order:
+        payload = files[name]
+        kind = None
+        if isinstance(payload, tuple) and len(payload) == 2 and payload[0] in ("weights", "object"):
+            kind, payload = payload
+        if kind == "weights" or (kind is None and name.endswith(".safetensors")):
+            writer.save_tensors(name, payload, metadata={"format": "pt"})
+        elif kind is None and name.endswith(".json"):
             writer.save_json(name, payload)
-        elif isinstance(payload, (bytes, bytearray, memoryview)):
+        elif kind is None and isinstance(payload, (bytes, bytearray, memoryview)):
             writer.save_bytes(name, bytes(payload))
         else:
             writer.save_object(name, payload)
+
+
+def write_rank_files(writer: CheckpointWriter, files: Mapping[str, Any]) -> None:
+    """Write this rank's files and mark them done (fsynced, checksummed).
+
+    Free space is checked first where the size is known; a full disk raises OSError(ENOSPC) naming
+    the folder, the MB needed and free, whatever the serializer reported. On failure nothing is
+    cleaned here: the caller decides (abort() alone, or after telling the other ranks).
+    """
+    needed = estimate_bytes(files)
+    try:
+        ensure_space(writer.tmp_dir, needed)
+        write_files(writer, files)
+        writer.rank_done()
+    except BaseException as e:
+        replacement = as_space_error(e, writer.tmp_dir.parent, needed)
+        if replacement is not None:
+            raise replacement from e
+        raise
+
+
+def commit_checkpoint(
+    writer: CheckpointWriter,
+    *,
+    world_size: int = 1,
+    ranks=None,
+    timeout: float = 0.0,
+    metadata: Mapping[str, Any] | None = None,
+    after_commit: Callable[[], Any] | None = None,
+    remove_old_in_background: bool = False,
+) -> None:
+    """On the committing rank: write the manifest and move the checkpoint into place (full disk ->
+    OSError(ENOSPC)), then run `after_commit` (e.g. rotation)."""
+    try:
+        writer.commit(
+            world_size,
+            ranks=ranks,
+            timeout=timeout,
+            metadata=metadata,
+            remove_old_in_background=remove_old_in_background,
+        )
+    except BaseException as e:
+        replacement = as_space_error(e, writer.tmp_dir.parent, 1 << 20)
+        if replacement is not None:
+            raise replacement from e
+        raise
+    if after_commit is not None:
+        after_commit()
 
 
 def write_and_commit(
@@ -55,18 +113,32 @@ def write_and_commit(
     timeout: float = 0.0,
     metadata: Mapping[str, Any] | None = None,
     after_commit: Callable[[], Any] | None = None,
+    remove_old_in_background: bool = False,
 ) -> None:
     """Write this rank's files, mark them done, and (on the committing rank) commit, then run
-    `after_commit` (e.g. rotation). On failure the temporary folder is removed."""
+    `after_commit` (e.g. rotation). Needs no collective, so it runs in a background thread too.
+
+    On failure the temporary folder is removed (committing rank), or (other ranks) a failure
+    marker tells the committing rank, which then fails at once with this rank's error instead of
+    waiting for `timeout`. The previous checkpoint is untouched either way.
+    """
     try:
-        write_files(writer, files)
-        writer.rank_done()
+        write_rank_files(writer, files)
         if commit:
-            writer.commit(world_size, ranks=ranks, timeout=timeout, metadata=metadata)
-            if after_commit is not None:
-                after_commit()
-    except BaseException:
-        writer.abort()  # this save is lost either way; the previous checkpoint stays
+            commit_checkpoint(
+                writer,
+                world_size=world_size,
+                ranks=ranks,
+                timeout=timeout,
+                metadata=metadata,
+                after_commit=after_commit,
+                remove_old_in_background=remove_old_in_background,
+            )
+    except BaseException as e:
+        if commit or world_size == 1:
+            writer.abort()  # this save is lost either way; the previous checkpoint stays
+        else:
+            writer.rank_failed(e)
         raise
 
 

@@ -37,8 +37,9 @@ from .fs import (
     fsync_dir,
     fsync_file,
     link_or_copy,
+    remove_later,
     remove_tree,
-    write_file_atomically,
+    write_file_durably,
 )
 from .manifest import (
     MANIFEST_NAME,
@@ -50,7 +51,14 @@ from .manifest import (
     new_hasher,
     read_manifest,
 )
-from .serialization import write_safetensors, write_torch
+from .safe_io import hash_view
+from .serialization import (
+    SAFETENSORS_METADATA,
+    dedupe_shared_tensors,
+    write_safetensors,
+    write_torch,
+)
+from .tensor_file import supports_fast_write, write_tensor_file
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +66,7 @@ _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SIBLING_RE = re.compile(
     r"^\.(?P<name>.+)\.(?P<kind>tmp|old|deleting)-(?P<token>[A-Za-z0-9_-]{1,64})$"
 )
-_MARKER_RE = re.compile(r"^\.cadence-rank-(\d+)\.json$")
+_MARKER_RE = re.compile(r"^\.cadence-rank-(\d+)(\.failed)?\.json(\.partial)?$")
 
 # Temporary folders of saves in flight in this process; cleanup never touches them.
 _active_lock = threading.Lock()
@@ -77,6 +85,18 @@ def temporary_dir_for(final_dir: str | os.PathLike, token: str) -> Path:
 
 def _marker_name(rank: int) -> str:
     return f".cadence-rank-{rank:05d}.json"
+
+
+def _failure_marker_name(rank: int) -> str:
+    return f".cadence-rank-{rank:05d}.failed.json"
+
+
+def _write_marker(path: Path, data: dict) -> None:
+    # Markers only coordinate the commit inside a folder nobody loads: a crash makes the whole
+    # temporary folder garbage, so they need no fsync, only an atomic appearance (rename).
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_bytes(json.dumps(data).encode())
+    os.replace(tmp, path)
 
 
 def _check_token(token: str) -> str:
@@ -173,11 +193,23 @@ class CheckpointWriter:
             fsync_file(path)
         return describe_file(path, self.checksum)
 
+    def _finish_known(self, path: Path, record: FileRecord) -> FileRecord:
+        if self.durable:
+            fsync_file(path)
+        return record
+
+    def _add_known(self, name: str, path: Path, record: FileRecord) -> None:
+        """Record a file whose size and checksum were computed from memory; fsync it meanwhile."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cadence-ckpt-hash")
+        self._pending[name] = self._pool.submit(self._finish_known, path, record)
+
     def save_bytes(self, name: str, data: bytes) -> Path:
         path = self.file_path(name)
-        with open(path, "wb") as f:
-            f.write(data)
-        self.add_file(name)
+        write_file_durably(path, data, durable=False)
+        self._add_known(
+            name, path, FileRecord(len(data), hash_view(memoryview(data), self.checksum))
+        )
         return path
 
     def save_json(self, name: str, obj: Any) -> Path:
@@ -186,11 +218,20 @@ class CheckpointWriter:
     def save_tensors(
         self, name: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None
     ) -> Path:
-        """A dict of tensors as safetensors (shared tensors are de-duplicated)."""
+        """A dict of tensors as safetensors (shared tensors are de-duplicated).
+
+        Written straight from the tensors' memory and checksummed from memory in parallel.
+        """
 
         path = self.file_path(name)
-        write_safetensors(path, tensors, metadata=metadata)
-        self.add_file(name)
+        if isinstance(tensors, Mapping) and supports_fast_write(tensors):
+            clean, _ = dedupe_shared_tensors(tensors)
+            meta = dict(SAFETENSORS_METADATA if metadata is None else metadata)
+            size, checksum = write_tensor_file(path, clean, meta, self.checksum)
+            self._add_known(name, path, FileRecord(size, checksum))
+        else:
+            write_safetensors(path, tensors, metadata=metadata)
+            self.add_file(name)
         return path
 
     def save_object(self, name: str, obj: Any) -> Path:
@@ -221,11 +262,7 @@ class CheckpointWriter:
                 "checksum_algorithm": self.checksum,
                 "files": {n: [r.size, r.checksum] for n, r in self._records.items()},
             }
-            write_file_atomically(
-                self.tmp_dir / _marker_name(self.rank),
-                json.dumps(marker).encode(),
-                durable=self.durable,
-            )
+            _write_marker(self.tmp_dir / _marker_name(self.rank), marker)
             self._done = True
             return dict(self._records)
 
@@ -236,6 +273,7 @@ class CheckpointWriter:
         ranks: Iterable[int] | None = None,
         timeout: float = 0.0,
         metadata: Mapping[str, Any] | None = None,
+        remove_old_in_background: bool = False,
     ) -> Path:
         """Write the manifest and move the checkpoint into place. Only the committing process calls this.
 
@@ -243,7 +281,8 @@ class CheckpointWriter:
         markers must be present, or appear within `timeout` seconds (use a timeout when no barrier
         precedes the commit, e.g. from a background thread). An existing final folder is replaced
         atomically; entries in it that the new checkpoint does not write are kept, as with a plain
-        save into an existing folder.
+        save into an existing folder. With `remove_old_in_background`, the replaced folder (hidden
+        already) is deleted by a background thread instead of before returning.
         """
         if not self.committer:
             raise CheckpointCommitError(
@@ -268,7 +307,9 @@ class CheckpointWriter:
             self._carry_over_existing(files)
             for marker in self.tmp_dir.glob(".cadence-rank-*.json"):
                 marker.unlink()
-            write_file_atomically(
+            # The folder is not visible under its final name yet: write the manifest in place,
+            # fsync it, then one fsync of the folder makes every entry durable before the rename.
+            write_file_durably(
                 self.tmp_dir / MANIFEST_NAME, manifest.to_json().encode(), durable=self.durable
             )
             if self.durable:
@@ -279,14 +320,22 @@ class CheckpointWriter:
         finally:
             self._finish()
         if old is not None:
-            try:
-                remove_tree(old)
-            except OSError as e:  # the commit stands; the leftover is hidden and cleaned later
-                logger.warning("Could not delete the replaced checkpoint %s: %s", old, e)
+            # The commit stands. If the process dies before the removal, the hidden leftover is
+            # removed by the next save's cleanup.
+            if remove_old_in_background:
+                remove_later(old)
+            else:
+                try:
+                    remove_tree(old)
+                except OSError as e:
+                    logger.warning("Could not delete the replaced checkpoint %s: %s", old, e)
         return self.final_dir
 
     def abort(self) -> None:
-        """Give up this save: delete the temporary folder (the previous checkpoint is untouched)."""
+        """Give up this save: delete the temporary folder (the previous checkpoint is untouched).
+
+        Safe to call on several ranks at once and more than once.
+        """
         with self._lock:
             for future in self._pending.values():
                 future.cancel()
@@ -294,7 +343,32 @@ class CheckpointWriter:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
-        remove_tree(self.tmp_dir)
+        try:
+            remove_tree(self.tmp_dir)
+        except OSError:
+            remove_tree(self.tmp_dir)  # another rank was still adding files: once more
+        self._finish()
+
+    def rank_failed(self, error: BaseException) -> None:
+        """Tell the committing process (which may wait in commit(timeout=...)) that this rank's part
+        of the save failed, and why; the committer then fails at once instead of timing out."""
+        with self._lock:
+            for future in self._pending.values():
+                future.cancel()
+            self._pending.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+        info = {
+            "rank": self.rank,
+            "type": type(error).__name__,
+            "errno": getattr(error, "errno", None),
+            "message": str(error)[:2000],
+        }
+        try:
+            _write_marker(self.tmp_dir / _failure_marker_name(self.rank), info)
+        except OSError:
+            pass  # the folder is gone (the committer gave up already) or the disk is full
         self._finish()
 
     def __enter__(self) -> CheckpointWriter:
@@ -324,6 +398,10 @@ class CheckpointWriter:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             missing = [r for r in ranks if not (self.tmp_dir / _marker_name(r)).exists()]
+            for rank in missing:
+                failed = self.tmp_dir / _failure_marker_name(rank)
+                if failed.exists():
+                    raise _rank_failure(failed, rank, self.final_dir)
             if not missing or time.monotonic() >= deadline:
                 break
             time.sleep(0.02)
@@ -339,6 +417,9 @@ class CheckpointWriter:
         problems = []
         for rank in ranks:
             data = json.loads((self.tmp_dir / _marker_name(rank)).read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+                problems.append(f"rank {rank}: its marker is malformed")
+                continue
             if data.get("checksum_algorithm") != self.checksum:
                 problems.append(
                     f"rank {rank} hashed with {data.get('checksum_algorithm')!r}, "
@@ -409,6 +490,21 @@ class CheckpointWriter:
             if entry.name in skip or entry.name in written:
                 continue
             link_or_copy(entry, self.tmp_dir / entry.name)
+
+
+def _rank_failure(marker: Path, rank: int, final_dir: Path) -> BaseException:
+    """The error another rank reported through its failure marker, raised on the committer."""
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        info = {}
+    message = f"rank {rank} failed while writing checkpoint {final_dir}: " + str(
+        info.get("message", "unknown error")
+    )
+    code = info.get("errno")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return OSError(code, message)
+    return CheckpointCommitError(message, path=final_dir)
 
 
 def _publish(tmp_dir: Path, final_dir: Path, token: str) -> Path | None:

@@ -30,6 +30,12 @@ class UnsafeCheckpointError(CheckpointError):
     """A file holds Python objects that can only be restored by unpickling, and no opt-in was given."""
 
 
+class CheckpointMismatchError(CheckpointError, RuntimeError):
+    """A saved state does not fit the object it would be loaded into (keys, shapes, dtypes, param
+    groups, layout). Raised before any object is changed. It is also a RuntimeError, the type
+    torch's load_state_dict raises for the same problems."""
+
+
 class CheckpointCommitError(CheckpointError):
     """Committing failed: a process did not finish writing its part, or two processes wrote one file."""
 

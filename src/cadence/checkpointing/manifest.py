@@ -9,21 +9,33 @@ flipped bytes).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import mmap
 import os
 import sys
 import time
-import zlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import CheckpointCorruptError, CheckpointIncompleteError, describe_problems
+from .checksums import ALGORITHMS, xxhash_installed
+from .checksums import new_hasher as _new_hasher
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointIncompleteError,
+    describe_problems,
+)
+from .safe_io import check_member, hash_member, open_member
+from .schema import (
+    MAX_MANIFEST_BYTES,
+    ManifestSchemaError,
+    parse_manifest_json,
+    validate_manifest,
+)
 
 MANIFEST_NAME = "cadence_manifest.json"
 FORMAT_NAME = "cadence-checkpoint"
@@ -35,55 +47,31 @@ logger = logging.getLogger(__name__)
 _CHUNK = 64 * 1024 * 1024
 
 
-class _Crc32:
-    """hashlib-like wrapper so crc32 can be chosen like any other algorithm."""
-
-    def __init__(self) -> None:
-        self._value = 0
-
-    def update(self, data) -> None:
-        self._value = zlib.crc32(data, self._value)
-
-    def hexdigest(self) -> str:
-        return f"{self._value:08x}"
-
-
-def _xxh3_128():
-    import xxhash
-
-    return xxhash.xxh3_128()
-
-
-_ALGORITHMS = {"sha256": hashlib.sha256, "crc32": _Crc32, "xxh3_128": _xxh3_128}
+# Kept importable from here for callers of earlier versions.
+_ALGORITHMS = ALGORITHMS
 
 
 def _xxhash_installed() -> bool:
-    try:
-        import xxhash  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return xxhash_installed()
 
 
 def default_checksum() -> str:
-    """xxh3_128 (about 10 GB/s) when the optional `xxhash` package is installed, else sha256."""
+    """xxh3_128 (several GB/s) when the optional `xxhash` package is installed, else sha256."""
     return "xxh3_128" if _xxhash_installed() else "sha256"
 
 
-def checksum_available(algorithm: str) -> bool:
-    return algorithm in _ALGORITHMS and (algorithm != "xxh3_128" or _xxhash_installed())
-
-
 def new_hasher(algorithm: str):
-    if algorithm not in _ALGORITHMS:
-        raise ValueError(
-            f"Unknown checksum algorithm {algorithm!r}; supported: {sorted(_ALGORITHMS)}."
-        )
-    if not checksum_available(algorithm):
+    """A fresh hasher for `algorithm` (see cadence.checkpointing.checksums)."""
+    if algorithm in ALGORITHMS and not checksum_available(algorithm):
         raise ValueError(
             f"Checksum algorithm {algorithm!r} needs the `xxhash` package: pip install xxhash."
         )
-    return _ALGORITHMS[algorithm]()
+    return _new_hasher(algorithm)
+
+
+def checksum_available(algorithm: str) -> bool:
+    """True when `algorithm` is known and the package it needs is installed."""
+    return algorithm in ALGORITHMS and (algorithm != "xxh3_128" or _xxhash_installed())
 
 
 @dataclass(frozen=True)
@@ -177,38 +165,20 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, source: str | os.PathLike) -> Manifest:
+        """Parse and validate manifest text; CheckpointCorruptError for anything malformed."""
         try:
-            data = json.loads(text)
-            if data.get("format") != FORMAT_NAME:
-                raise ValueError(f"'format' is {data.get('format')!r}, expected {FORMAT_NAME!r}")
-            version = int(data["format_version"])
-            if version > FORMAT_VERSION:
-                raise ValueError(
-                    f"format version {version} is newer than this Cadence understands "
-                    f"({FORMAT_VERSION}); upgrade Cadence to load it"
-                )
-            files = {
-                str(name): FileRecord(int(rec["size"]), str(rec["checksum"]))
-                for name, rec in data["files"].items()
-            }
-            return cls(
-                files=files,
-                checksum_algorithm=str(data["checksum_algorithm"]),
-                world_size=int(data["world_size"]),
-                ranks=[int(r) for r in data.get("ranks", [])],
-                created=float(data["created"]),
-                cadence_version=str(data.get("cadence_version", "unknown")),
-                torch_version=str(data.get("torch_version", "unknown")),
-                metadata=dict(data.get("metadata", {})),
-                format_version=version,
+            version, records, other = validate_manifest(
+                parse_manifest_json(text), FORMAT_NAME, FORMAT_VERSION
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except ManifestSchemaError as e:
             raise CheckpointCorruptError(
                 f"The checkpoint manifest {source} is unreadable ({e}). The checkpoint cannot be "
                 "trusted; load an older checkpoint or save again.",
                 path=Path(source).parent,
                 problems=[f"{MANIFEST_NAME}: {e}"],
-            ) from e
+            ) from None
+        files = {name: FileRecord(size, checksum) for name, (size, checksum) in records.items()}
+        return cls(files=files, format_version=version, **other)
 
 
 def manifest_path(directory: str | os.PathLike) -> Path:
@@ -224,8 +194,8 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
         )
     path = manifest_path(directory)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        fd = open_member(directory, MANIFEST_NAME)
+    except CheckpointIncompleteError:
         raise CheckpointIncompleteError(
             f"{directory} is not a complete checkpoint: it has no {MANIFEST_NAME}, which is "
             "written last when a save commits. The save that made it was interrupted, or the "
@@ -233,37 +203,51 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
             path=directory,
             problems=[f"{MANIFEST_NAME}: missing"],
         ) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)  # bounded: a huge manifest is refused
+    except OSError as e:
+        raise CheckpointCorruptError(
+            f"The checkpoint manifest {path} is unreadable ({e.strerror}).", path=directory
+        ) from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise CheckpointCorruptError(
+            f"The checkpoint manifest {path} is larger than {MAX_MANIFEST_BYTES} bytes; it cannot "
+            "be a manifest written by Cadence.",
+            path=directory,
+            problems=[f"{MANIFEST_NAME}: too large"],
+        )
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointCorruptError(
             f"The checkpoint manifest {path} is not valid UTF-8 text.",
             path=directory,
             problems=[f"{MANIFEST_NAME}: {e}"],
-        ) from e
+        ) from None
     return Manifest.from_json(text, path)
 
 
 def _size_problem(directory: Path, name: str, record: FileRecord) -> tuple[str, bool] | None:
-    """(description, is_missing) when the file is missing or has the wrong size."""
+    """(description, is_missing) when the file is missing, not a regular file inside the folder,
+    or has the wrong size."""
     try:
-        size = os.stat(directory / name).st_size
-    except FileNotFoundError:
+        check_member(directory, name, record.size)
+    except CheckpointIncompleteError:
         return f"{name}: missing (the manifest lists {record.size} bytes)", True
-    if size != record.size:
-        kind = "truncated" if size < record.size else "longer than saved"
-        return f"{name}: {kind}: {size} bytes on disk, the manifest says {record.size}", False
+    except CheckpointError as e:
+        return (e.problems[0] if e.problems else str(e)), False
     return None
 
 
 def _checksum_problem(directory: Path, name: str, record: FileRecord, algorithm: str) -> str | None:
     try:
-        actual = describe_file(directory / name, algorithm)
-    except OSError as e:
-        return f"{name}: unreadable ({e})"
-    if actual.size != record.size:
-        return f"{name}: {actual.size} bytes read, the manifest says {record.size}"
-    if actual.checksum != record.checksum:
+        actual = hash_member(directory, name, record.size, algorithm)
+    except CheckpointError as e:
+        return e.problems[0] if e.problems else str(e)
+    if actual != record.checksum:
         return (
-            f"{name}: content changed since the save ({algorithm} is {actual.checksum}, "
+            f"{name}: content changed since the save ({algorithm} is {actual}, "
             f"the manifest says {record.checksum})"
         )
     return None

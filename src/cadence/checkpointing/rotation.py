@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import cleanup_stale_siblings, new_token
-from .fs import fsync_dir, remove_tree
+from .fs import fsync_dir, remove_later, remove_tree
 from .manifest import VerifyMode, is_complete
 
 logger = logging.getLogger(__name__)
@@ -105,13 +105,18 @@ def next_iteration(directory: str | os.PathLike) -> int:
 
 
 def prune_checkpoints(
-    directory: str | os.PathLike, total_limit: int, *, durable: bool = True
+    directory: str | os.PathLike,
+    total_limit: int,
+    *,
+    durable: bool = True,
+    background: bool = False,
 ) -> list[Path]:
     """Keep the `total_limit` newest complete checkpoints; delete older ones. Call after a commit.
 
     Incomplete `checkpoint_<i>` folders older than the oldest kept one are deleted too; the newest
     complete checkpoint is never deleted. Each deletion first renames the folder to a hidden name,
-    so a kill mid-deletion never leaves a half-deleted folder under a checkpoint name.
+    so a kill mid-deletion never leaves a half-deleted folder under a checkpoint name; with
+    `background`, freeing the renamed folders' blocks happens in a background thread.
     """
     if isinstance(total_limit, bool) or not isinstance(total_limit, int) or total_limit < 1:
         raise ValueError(
@@ -130,7 +135,10 @@ def prune_checkpoints(
         os.rename(entry.path, hidden)
         if durable:
             fsync_dir(entry.path.parent)
-        remove_tree(hidden)
+        if background:
+            remove_later(hidden)
+        else:
+            remove_tree(hidden)
         deleted.append(entry.path)
     if deleted:
         logger.info(

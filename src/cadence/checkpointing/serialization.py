@@ -178,21 +178,31 @@ def read_torch(
     map_location: Any = None,
     *,
     allow_pickle: bool = False,
+    source: str | None = None,
     **torch_load_kwargs: Any,
 ) -> Any:
     """torch.load with weights_only=True; arbitrary unpickling only with `allow_pickle=True`.
 
     Passing weights_only=False in `torch_load_kwargs` counts as the opt-in too (it is what
-    `load_state(load_kwargs={"weights_only": False})` passes down).
+    `load_state(load_kwargs={"weights_only": False})` passes down). `source` names the file in
+    errors when `f` is an in-memory buffer.
     """
     import torch
 
     weights_only = torch_load_kwargs.pop("weights_only", None)
     if weights_only is False:
         allow_pickle = True
-    source = _describe_source(f)
+    source = source or _describe_source(f)
     if allow_pickle:
-        return torch.load(f, map_location=map_location, weights_only=False, **torch_load_kwargs)
+        torch_load_kwargs.pop("mmap", None)
+        try:
+            return torch.load(f, map_location=map_location, weights_only=False, **torch_load_kwargs)
+        except (pickle.UnpicklingError, EOFError) as e:
+            raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
+        except RuntimeError as e:
+            if "PytorchStreamReader" in str(e) or "zip archive" in str(e):
+                raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
+            raise
     try:
         with torch.serialization.safe_globals(_numpy_safe_globals()):
             return torch.load(f, map_location=map_location, weights_only=True, **torch_load_kwargs)
@@ -205,21 +215,27 @@ def read_torch(
             + (f" ({', '.join(unsafe[:5])})" if unsafe else "")
             + " that only full unpickling can restore, and unpickling can run arbitrary code. "
             "If you trust this file, opt in with allow_pickle=True (for Accelerator.load_state: "
-            "load_kwargs={'weights_only': False}).",
-            path=Path(source).parent if isinstance(f, (str, os.PathLike)) else None,
+            "load_state(..., allow_pickle=True), or load_kwargs={'weights_only': False}).",
+            path=Path(source).parent,
         ) from e
+    except (EOFError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise CheckpointCorruptError(f"Cannot read {source}: {type(e).__name__}: {e}") from e
     except RuntimeError as e:
-        if "PytorchStreamReader" in str(e) or "zip archive" in str(e):
+        if "PytorchStreamReader" in str(e) or "zip archive" in str(e) or not allow_pickle:
+            # weights_only=True: any failure is a malformed file, not a bug to surface as is
             raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
         raise
+    except ValueError as e:
+        raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
 
 
 def _unsafe_globals(f) -> list[str]:
     import torch
 
-    if not isinstance(f, (str, os.PathLike)):
-        return []
     try:
+        if not isinstance(f, (str, os.PathLike)):
+            f.seek(0)
+            return list(torch.serialization.get_unsafe_globals_in_checkpoint(f))
         return list(torch.serialization.get_unsafe_globals_in_checkpoint(os.fspath(f)))
     except Exception:
         return []

@@ -1,0 +1,215 @@
+"""Loading a training state from a checkpoint folder, all-or-nothing, with explicit arguments.
+
+`read_training_state` reads and verifies every file the targets need (each file checked
+completely before any byte of it is deserialized); `apply_training_state` checks that every state
+fits its object and only then applies them, restoring the applied ones if one still fails. The
+caller (the Accelerator's save/load flow) supplies the objects; nothing here knows the Accelerator.
+
+    targets = StateTargets(models={0: model}, optimizers=[opt], rank=0)
+    loaded = read_training_state(path, targets)
+    apply_training_state(path, targets, loaded)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .layout import (
+    custom_state_file,
+    dataloader_state_file,
+    model_file,
+    optimizer_file,
+    rng_state_file,
+    scaler_file,
+    scheduler_file,
+)
+from .reader import open_checkpoint
+from .serialization import apply_model_state, capture_rng_state, restore_rng_state
+from .state_fit import (
+    ApplyStep,
+    apply_all,
+    loader_state_problems,
+    model_state_problems,
+    optimizer_state_problems,
+    raise_if_problems,
+    rng_state_problems,
+    scheduler_state_problems,
+    snapshot_model,
+    snapshot_optimizer,
+    snapshot_state_dict,
+)
+
+
+def dataloader_rank_file(index: int, rank: int) -> str:
+    """File of dataloader `index`'s position on `rank` (each rank has its own RNG position)."""
+    return dataloader_state_file(index).replace(".bin", f"_rank{rank}.bin")
+
+
+@dataclass
+class StateTargets:
+    """The objects a checkpoint is loaded into, by their index in the checkpoint's file names.
+
+    models: {index: unwrapped module} (only those to load); loaders: {index: dataloader} (those
+    with load_state_dict); `sharded`: models' and optimizers' states are loaded by a strategy.
+    """
+
+    models: dict[int, Any] = field(default_factory=dict)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    scaler: Any = None
+    customs: list[Any] = field(default_factory=list)
+    loaders: dict[int, Any] = field(default_factory=dict)
+    rank: int = 0
+    strict: bool = True
+    sharded: bool = False
+
+
+@dataclass
+class LoadedState:
+    """Everything read from one checkpoint folder for one process, not applied yet."""
+
+    weights: dict[int, Any] = field(default_factory=dict)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    scaler: Any = None
+    customs: list[Any] = field(default_factory=list)
+    loaders: dict[int, Any] = field(default_factory=dict)
+    rng: Any = None
+
+
+def read_training_state(
+    path: str | os.PathLike,
+    targets: StateTargets,
+    *,
+    allow_pickle: bool = False,
+    verify: str = "full",
+) -> LoadedState:
+    """Read every state `targets` need from the checkpoint at `path` (verified, nothing applied).
+
+    Raises a CheckpointError subclass for a missing, damaged, hostile or unsafe file.
+    """
+    loaded = LoadedState()
+    with open_checkpoint(path, verify=verify) as reader:
+
+        def obj(name: str) -> Any:
+            return reader.load_object(name, map_location="cpu", allow_pickle=allow_pickle)
+
+        if not targets.sharded:
+            for i in targets.models:
+                if reader.has(model_file(i, True)):
+                    loaded.weights[i] = reader.load_tensors(model_file(i, True))
+                else:
+                    loaded.weights[i] = obj(model_file(i, False))
+            loaded.optimizers = [obj(optimizer_file(i)) for i in range(len(targets.optimizers))]
+        loaded.schedulers = [obj(scheduler_file(i)) for i in range(len(targets.schedulers))]
+        loaded.scaler = obj(scaler_file()) if targets.scaler is not None else None
+        loaded.customs = [obj(custom_state_file(i)) for i in range(len(targets.customs))]
+        for i in targets.loaders:
+            name = dataloader_rank_file(i, targets.rank)
+            if reader.has(name):
+                loaded.loaders[i] = obj(name)
+        name = rng_state_file(targets.rank)
+        loaded.rng = obj(name) if reader.has(name) else None
+    return loaded
+
+
+def training_state_problems(targets: StateTargets, loaded: LoadedState) -> list[str]:
+    """Every reason a loaded state does not fit its object (empty when all fit)."""
+    problems: list[str] = []
+    for i, state in loaded.weights.items():
+        problems += model_state_problems(targets.models[i], state, targets.strict, f"model {i}")
+    for i, (optimizer, state) in enumerate(zip(targets.optimizers, loaded.optimizers)):
+        problems += optimizer_state_problems(optimizer, state, f"optimizer {i}")
+    for i, (scheduler, state) in enumerate(zip(targets.schedulers, loaded.schedulers)):
+        problems += scheduler_state_problems(scheduler, state, f"scheduler {i}")
+    for i, state in loaded.loaders.items():
+        problems += loader_state_problems(targets.loaders[i], state, f"dataloader {i}")
+    if loaded.scaler is not None and not isinstance(loaded.scaler, dict):
+        problems.append("scaler: the saved state is not a dict")
+    if loaded.rng is not None:
+        problems += rng_state_problems(loaded.rng, f"RNG state of process {targets.rank}")
+    return problems
+
+
+def _rng_step(state: Any) -> ApplyStep:
+    def snapshot():
+        saved = capture_rng_state()
+        return lambda: restore_rng_state(saved)
+
+    return ApplyStep("RNG", lambda: restore_rng_state(state), snapshot)
+
+
+def apply_training_state(
+    path: str | os.PathLike, targets: StateTargets, loaded: LoadedState
+) -> None:
+    """Check that every loaded state fits its object, then apply them all or none.
+
+    Raises CheckpointMismatchError (a CheckpointError, ValueError and RuntimeError) before any
+    change when a state does not fit; when applying fails anyway, restores what was applied.
+    """
+    path = Path(path)
+    try:
+        problems = training_state_problems(targets, loaded)
+    except Exception as e:  # a state too malformed to even compare
+        problems = [f"a saved state has an unexpected structure ({type(e).__name__}: {e})"]
+    raise_if_problems(path, problems)
+    steps: list[ApplyStep] = []
+    if loaded.rng is not None:
+        steps.append(_rng_step(loaded.rng))
+    for i, state in loaded.loaders.items():
+        loader = targets.loaders[i]
+        steps.append(
+            ApplyStep(
+                f"dataloader {i}",
+                lambda o=loader, s=state: o.load_state_dict(s),
+                lambda o=loader: snapshot_state_dict(o),
+            )
+        )
+    for i, (obj, state) in enumerate(zip(targets.customs, loaded.customs)):
+        steps.append(
+            ApplyStep(
+                f"registered object {i}",
+                lambda o=obj, s=state: o.load_state_dict(s),
+                lambda o=obj: snapshot_state_dict(o),
+            )
+        )
+    if loaded.scaler is not None:
+        scaler = targets.scaler
+        steps.append(
+            ApplyStep(
+                "scaler",
+                lambda: scaler.load_state_dict(loaded.scaler),
+                lambda: snapshot_state_dict(scaler),
+            )
+        )
+    for i, (obj, state) in enumerate(zip(targets.schedulers, loaded.schedulers)):
+        steps.append(
+            ApplyStep(
+                f"scheduler {i}",
+                lambda o=obj, s=state: o.load_state_dict(s),
+                lambda o=obj: snapshot_state_dict(o),
+            )
+        )
+    for i, (obj, state) in enumerate(zip(targets.optimizers, loaded.optimizers)):
+        steps.append(
+            ApplyStep(
+                f"optimizer {i}",
+                lambda o=obj, s=state: o.load_state_dict(s),
+                lambda o=obj: snapshot_optimizer(o),
+            )
+        )
+    # Models last: a plain module whose weights were checked cannot fail half-way, so it needs no
+    # copy, and everything before it can still be restored.
+    for i, state in loaded.weights.items():
+        model = targets.models[i]
+        steps.append(
+            ApplyStep(
+                f"model {i}",
+                lambda m=model, s=state: apply_model_state(m, s, strict=targets.strict),
+                lambda m=model: snapshot_model(m),
+            )
+        )
+    apply_all(steps, path)
