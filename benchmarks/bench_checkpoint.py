@@ -158,7 +158,6 @@ def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int
             MASTER_PORT=str(port),
         )
     from cadence import Accelerator
-    from cadence.checkpoint_flow import wait_for_async_save
 
     acc = Accelerator(cpu=True)
     model, optimizer = build_state(args.params)
@@ -220,7 +219,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int
         folder = root / f"async_{r}"
         timed("async_blocked", partial(acc.save_state, folder, async_save=True))
         start = time.perf_counter()
-        wait_for_async_save(acc)
+        acc._checkpointer.wait_for_async_save()
         times["async_rest"].append(time.perf_counter() - start)
         acc.wait_for_everyone()
         if main:

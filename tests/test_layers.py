@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, ...]] = [
     # barriers, first-process blocks, triggers (given the process state, never importing it)
     ("cadence.process_control",),
     # the process state: PartialState, AcceleratorState, GradientState
-    ("cadence.state",),
+    ("cadence.state", "cadence.gradient_state"),
     # collectives over nested data and process-level utilities
     (
         "cadence.collectives",
@@ -74,7 +74,6 @@ LAYERS: list[tuple[str, ...]] = [
     # storage and trackers
     (
         "cadence.checkpointing",
-        "cadence.checkpoint_flow",
         "cadence.tracking",
         "cadence.constants",
         "cadence.process_helpers",

@@ -34,7 +34,7 @@ _EXPORTS = {
     "CheckpointCorruptError": "cadence.checkpointing.errors",
     "UnsafeCheckpointError": "cadence.checkpointing.errors",
     "CheckpointCommitError": "cadence.checkpointing.errors",
-    "NotCheckpointableError": "cadence.checkpoint_flow",
+    "NotCheckpointableError": "cadence.checkpointing.checkpointer",
     "LaunchEnvironmentError": "cadence.topology",
     "LaunchConfigError": "cadence.settings",
     "LaunchPlanError": "cadence.commands.launch_settings",

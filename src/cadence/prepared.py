@@ -37,6 +37,17 @@ class PreparedObjects:
         self.schedulers.clear()
         self.dataloaders.clear()
 
+    @staticmethod
+    def register_hook(hooks: OrderedDict[int, Any], hook: Any) -> Any:
+        """Add `hook` to `hooks` (one of the state hook tables); returns a removable handle."""
+        from torch.utils.hooks import RemovableHandle
+
+        if not callable(hook):
+            raise TypeError(f"A state hook must be callable, got {type(hook).__name__}.")
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
     def find_optimizer(self, optimizer: Any) -> Any:
         """The prepared wrapper of `optimizer` (or `optimizer` itself if it is one), else None."""
         for prepared in self.optimizers:

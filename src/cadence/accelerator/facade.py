@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import collectives as ops
+from ..checkpointing.checkpointer import Checkpointer
 from ..dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 from ..enums import FP8BackendType
 from ..join import join_uneven_inputs
@@ -169,6 +170,18 @@ class Accelerator:
         self._accumulation = GradientAccumulation(
             self._strategy, self._prepared, self.gradient_state
         )
+        self._checkpointer = Checkpointer(
+            self._strategy,
+            self._prepared,
+            self.project_configuration,
+            process_index=self.process_index,
+            local_process_index=self.local_process_index,
+            num_processes=self.num_processes,
+            wait_for_everyone=self.wait_for_everyone,
+            get_step=functools.partial(getattr, self._accumulation, "step"),
+            set_step=functools.partial(setattr, self._accumulation, "step"),
+            state_dict=self.get_state_dict,
+        )
 
     def _strategy_context(self) -> StrategyContext:
         state = self.state
@@ -265,7 +278,7 @@ class Accelerator:
     def step(self, value: int) -> None:
         self._accumulation.step = value
 
-    # The registry's lists, under the names the checkpoint flow and older code read.
+    # The registry's lists, under the reference's attribute names (third-party code reads them).
     _models = property(lambda self: self._prepared.models)
     _optimizers = property(lambda self: self._prepared.optimizers)
     _schedulers = property(lambda self: self._prepared.schedulers)
@@ -554,11 +567,7 @@ class Accelerator:
     def end_training(self) -> None:
         """Finish the trackers, wait for pending checkpoint writes, and destroy the process group."""
         self._tracker_hub.end_training()
-        from ..checkpoint_flow import (
-            wait_for_async_save,  # deferred: loaded on first use, keeps `import cadence` cheap
-        )
-
-        wait_for_async_save(self)
+        self._checkpointer.wait_for_async_save()
         self.state.destroy_process_group()
 
     @contextmanager
@@ -582,11 +591,7 @@ class Accelerator:
         `project_dir/checkpoints/checkpoint_<i>` and `total_limit` keeps the newest ones. Pass
         `async_save=True` to write in the background (the next save, load or end_training waits).
         """
-        from ..checkpoint_flow import (
-            save_state,  # deferred: loaded on first use, keeps `import cadence` cheap
-        )
-
-        return save_state(self, output_dir, safe_serialization, **kwargs)
+        return self._checkpointer.save_state(output_dir, safe_serialization, **kwargs)
 
     def load_state(
         self,
@@ -596,41 +601,23 @@ class Accelerator:
     ) -> None:
         """Restore everything save_state wrote, after verifying the whole checkpoint (the newest complete
         one when `input_dir` is None). Files holding pickles load only with `allow_pickle=True`."""
-        from ..checkpoint_flow import (
-            load_state,  # deferred: loaded on first use, keeps `import cadence` cheap
-        )
-
-        load_state(self, input_dir, load_kwargs, **kwargs)
+        self._checkpointer.load_state(input_dir, load_kwargs, **kwargs)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load these objects (anything with state_dict / load_state_dict) with the state."""
-        from ..checkpoint_flow import (
-            check_checkpointable,  # deferred: loaded on first use, keeps `import cadence` cheap
-        )
-
-        check_checkpointable(objects)
-        self._prepared.custom_objects.extend(objects)
+        self._checkpointer.register(objects)
 
     def register_save_state_pre_hook(self, hook: Any) -> Any:
         """`hook(models, weights, output_dir)` runs before save_state writes; returns a removable handle."""
-        return _register_hook(self._prepared.save_state_pre_hooks, hook)
+        return self._prepared.register_hook(self._prepared.save_state_pre_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Any) -> Any:
         """`hook(models, input_dir)` runs before load_state loads; returns a removable handle."""
-        return _register_hook(self._prepared.load_state_pre_hooks, hook)
+        return self._prepared.register_hook(self._prepared.load_state_pre_hooks, hook)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """`torch.save` (or safetensors) on the main process only, or once per machine with save_on_each_node."""
-        from ..checkpointing import (
-            save,  # deferred: loaded on first use, keeps `import cadence` cheap
-        )
-
-        if self.project_configuration.save_on_each_node:
-            should_write = self.is_local_main_process
-        else:
-            should_write = self.is_main_process
-        if should_write:
-            save(obj, f, safe_serialization=safe_serialization)
+        self._checkpointer.save(obj, f, safe_serialization)
 
     def save_model(
         self,
@@ -640,39 +627,4 @@ class Accelerator:
         safe_serialization: bool = True,
     ) -> None:
         """Write the model's weights as (sharded) safetensors with an index, for load_checkpoint_in_model."""
-        from ..checkpointing import (  # deferred: loaded on first use, keeps `import cadence` cheap
-            parse_shard_size,
-            save_model,
-        )
-
-        parse_shard_size(
-            max_shard_size
-        )  # on every rank, so no rank waits for a failed main process
-        if os.path.isfile(save_directory):
-            # The reference logs this and returns rather than raising.
-            import logging
-
-            logging.getLogger(__name__).error(
-                "save_model: %s should be a directory, not a file; nothing was saved.",
-                save_directory,
-            )
-            return
-        state_dict = self.get_state_dict(model)
-        if self.is_main_process:
-            save_model(
-                state_dict,
-                save_directory,
-                max_shard_size=max_shard_size,
-                safe_serialization=safe_serialization,
-            )
-        self.wait_for_everyone()
-
-
-def _register_hook(hooks: dict, hook: Any) -> Any:
-    from torch.utils.hooks import RemovableHandle
-
-    if not callable(hook):
-        raise TypeError(f"A state hook must be callable, got {type(hook).__name__}.")
-    handle = RemovableHandle(hooks)
-    hooks[handle.id] = hook
-    return handle
+        self._checkpointer.save_model(model, save_directory, max_shard_size, safe_serialization)

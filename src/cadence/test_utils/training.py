@@ -60,12 +60,12 @@ _NEEDS_MRPC = (
 )
 
 
-def mocked_dataloaders(accelerator: Any, batch_size: int = 16) -> Any:
+def mocked_dataloaders(accelerator: object, batch_size: int = 16) -> Any:
     """MRPC train/eval dataloaders of the reference's test suite (not available in Cadence)."""
     raise NotImplementedError(_NEEDS_MRPC.format(name="mocked_dataloaders"))
 
 
-def mocked_dataloaders_for_autoregressive_models(accelerator: Any, batch_size: int = 16) -> Any:
+def mocked_dataloaders_for_autoregressive_models(accelerator: object, batch_size: int = 16) -> Any:
     """Autoregressive-model dataloaders of the reference's test suite (not available in Cadence)."""
     raise NotImplementedError(
         _NEEDS_MRPC.format(name="mocked_dataloaders_for_autoregressive_models")

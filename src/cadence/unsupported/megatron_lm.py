@@ -28,28 +28,28 @@ class AbstractTrainStep:
 class BertTrainStep(AbstractTrainStep):
     """Megatron-LM BERT train step (unsupported)."""
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: object, args: Any) -> None:
         _fail(type(self).__name__)
 
 
 class GPTTrainStep(AbstractTrainStep):
     """Megatron-LM GPT train step (unsupported)."""
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: object, args: Any) -> None:
         _fail(type(self).__name__)
 
 
 class T5TrainStep(AbstractTrainStep):
     """Megatron-LM T5 train step (unsupported)."""
 
-    def __init__(self, accelerator: Any, args: Any) -> None:
+    def __init__(self, accelerator: object, args: Any) -> None:
         _fail(type(self).__name__)
 
 
 class MegatronEngine:
     """Megatron-LM model engine (unsupported)."""
 
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any) -> None:
+    def __init__(self, accelerator: object, model: Any, optimizer: Any, scheduler: Any) -> None:
         _fail("MegatronEngine")
 
 
@@ -99,7 +99,7 @@ def gather_across_data_parallel_groups(tensor: Any) -> Any:
 
 
 def initialize(
-    accelerator: Any, extra_args_provider: Any = None, args_defaults: Any = None
+    accelerator: object, extra_args_provider: Any = None, args_defaults: Any = None
 ) -> None:
     """Initialise Megatron-LM (unsupported)."""
     _fail("initialize")
@@ -115,22 +115,22 @@ def model_provider_func(
     return _fail("model_provider_func")
 
 
-def prepare_data_loader(accelerator: Any, dataloader: Any) -> Any:
+def prepare_data_loader(accelerator: object, dataloader: Any) -> Any:
     """Prepare a dataloader for Megatron-LM (unsupported)."""
     return _fail("prepare_data_loader")
 
 
-def prepare_model_optimizer_scheduler(accelerator: Any) -> Any:
+def prepare_model_optimizer_scheduler(accelerator: object) -> Any:
     """Build Megatron-LM's model, optimizer and scheduler (unsupported)."""
     return _fail("prepare_model_optimizer_scheduler")
 
 
-def prepare_optimizer(accelerator: Any, model: Any) -> Any:
+def prepare_optimizer(accelerator: object, model: Any) -> Any:
     """Build Megatron-LM's optimizer (unsupported)."""
     return _fail("prepare_optimizer")
 
 
-def prepare_scheduler(accelerator: Any, optimizer: Any, scheduler: Any) -> Any:
+def prepare_scheduler(accelerator: object, optimizer: Any, scheduler: Any) -> Any:
     """Build Megatron-LM's scheduler (unsupported)."""
     return _fail("prepare_scheduler")
 

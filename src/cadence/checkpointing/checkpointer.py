@@ -1,0 +1,416 @@
+"""The Checkpointer: save_state / load_state of one Accelerator, what goes into a checkpoint folder
+and in which order.
+
+Storage rules (temporary sibling folder, fsync, manifest last, atomic rename, rotation only after the
+commit) live in the storage modules of this package; the Checkpointer decides what each process
+writes, exchanges every rank's outcome (so all fail together) and, when loading, reads and verifies
+everything before changing any object. It is built once by the Accelerator and given what it uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..collectives import broadcast_object_list, gather_object
+from ..dataclasses import ProjectConfiguration
+from ..prepared import PreparedObjects
+from ..strategies import Strategy
+from .async_writer import (
+    AsyncCheckpointSaver,
+    commit_checkpoint,
+    write_and_commit,
+    write_rank_files,
+)
+from .atomic import begin_checkpoint, new_token
+from .errors import CheckpointError
+from .fs import wait_for_removals
+from .layout import (
+    custom_state_file,
+    model_file,
+    optimizer_file,
+    rng_state_file,
+    scaler_file,
+    scheduler_file,
+)
+from .model_io import parse_shard_size, save_model
+from .rotation import (
+    checkpoints_dir,
+    cleanup_checkpoints_dir,
+    latest_checkpoint,
+    next_iteration,
+    prune_checkpoints,
+)
+from .serialization import capture_rng_state, save
+from .state_io import (
+    StateTargets,
+    apply_training_state,
+    dataloader_rank_file,
+    read_training_state,
+)
+
+
+def _failure(error: BaseException | None, rank: int) -> dict | None:
+    if error is None:
+        return None
+    return {
+        "rank": rank,
+        "errno": getattr(error, "errno", None),
+        "type": type(error).__name__,
+        "message": str(error)[:2000],
+    }
+
+
+def _raise_agreed(failures: list, own: BaseException | None) -> None:
+    """Raise on every rank when any rank failed: its own error, or the first failed rank's cause."""
+    failed = [f for f in failures if f]
+    if not failed:
+        return
+    if own is not None:
+        raise own
+    first = failed[0]
+    message = f"save_state failed on rank {first['rank']}: {first['message']}"
+    if isinstance(first["errno"], int):
+        raise OSError(first["errno"], message)
+    raise CheckpointError(message)
+
+
+def _attempt(fn: Any, *args: Any, **kwargs: Any) -> BaseException | None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # reported to every rank before anyone raises
+        return e
+    return None
+
+
+class Checkpointer:
+    """save_state / load_state / save / save_model of one Accelerator.
+
+    Built once by the Accelerator with what it uses: the strategy (which saves sharded state and owns
+    the scaler), the record of prepared objects, the project configuration, this process's rank, the
+    world size, a barrier, and the accumulation step counter (read and restored with the RNG state).
+
+    Example::
+
+        checkpointer = Checkpointer(strategy, prepared, project_config, process_index=0,
+                                    local_process_index=0, num_processes=1,
+                                    wait_for_everyone=lambda: None,
+                                    get_step=lambda: 0, set_step=lambda step: None)
+        checkpointer.save_state("ckpt")
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        prepared: PreparedObjects,
+        project_config: ProjectConfiguration,
+        *,
+        process_index: int,
+        local_process_index: int,
+        num_processes: int,
+        wait_for_everyone: Callable[[], None],
+        get_step: Callable[[], int],
+        set_step: Callable[[int], None],
+        state_dict: Callable[[Any], dict[str, Any]] | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.prepared = prepared
+        self.project_config = project_config
+        self.process_index = process_index
+        self.local_process_index = local_process_index
+        self.num_processes = num_processes
+        self.wait_for_everyone = wait_for_everyone
+        self.get_step = get_step
+        self.set_step = set_step
+        # How a model's whole state dict is taken (the Accelerator's get_state_dict by default).
+        self.state_dict = state_dict or strategy.state_dict
+        self._async_saver: AsyncCheckpointSaver | None = None
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is global rank 0 (which writes the shared files)."""
+        return self.process_index == 0
+
+    # -- save_state ---------------------------------------------------------------------------------
+    def _resolve_save_dir(self, output_dir: Any) -> Path:
+        config = self.project_config
+        if config.automatic_checkpoint_naming:
+            if config.project_dir is None:
+                raise ValueError(
+                    "automatic_checkpoint_naming needs a project directory: pass project_dir= to the "
+                    "Accelerator or ProjectConfiguration."
+                )
+            final = checkpoints_dir(config.project_dir) / f"checkpoint_{config.iteration}"
+            if final.exists():
+                raise ValueError(
+                    f"Checkpoint directory {final} ({config.iteration}) already exists. Resume with "
+                    "load_state() (which continues the numbering), or set "
+                    "accelerator.project_configuration.iteration to the next free number."
+                )
+            return final
+        if config.total_limit is not None:
+            raise ValueError(
+                "ProjectConfiguration(total_limit=...) only applies to automatically named "
+                "checkpoints: also pass automatic_checkpoint_naming=True (checkpoints then go to "
+                "<project_dir>/checkpoints/checkpoint_<i>), or drop total_limit."
+            )
+        if output_dir is None:
+            raise ValueError(
+                "save_state() needs an output_dir, or ProjectConfiguration("
+                "automatic_checkpoint_naming=True) with a project_dir."
+            )
+        return Path(os.path.expanduser(os.fspath(output_dir)))
+
+    def _shared_token(self) -> str:
+        token = [new_token() if self.is_main_process else None]
+        return broadcast_object_list(token)[0]
+
+    def _gather_files(self, safe_serialization: bool, output_dir: str) -> dict[str, Any]:
+        """Every file this process writes: name -> state (tensors and plain values)."""
+        prepared, strategy = self.prepared, self.strategy
+        rank = self.process_index
+        files: dict[str, Any] = {}
+        sharded = strategy.saves_sharded_state
+        weights = [] if sharded else [self.state_dict(m) for m in prepared.models]
+        for hook in list(prepared.save_state_pre_hooks.values()):
+            hook(prepared.models, weights, output_dir)
+        if self.is_main_process:
+            for i, state in enumerate(weights):
+                kind = "weights" if safe_serialization else "object"
+                files[model_file(i, safe_serialization)] = (kind, state)
+            if not sharded:
+                for i, optimizer in enumerate(prepared.optimizers):
+                    files[optimizer_file(i)] = ("object", optimizer.state_dict())
+            for i, scheduler in enumerate(prepared.schedulers):
+                files[scheduler_file(i)] = ("object", scheduler.state_dict())
+            scaler = strategy.precision.scaler
+            if scaler is not None:
+                files[scaler_file()] = ("object", scaler.state_dict())
+            for i, obj in enumerate(prepared.custom_objects):
+                files[custom_state_file(i)] = ("object", obj.state_dict())
+        for i, loader in enumerate(prepared.dataloaders):
+            if hasattr(loader, "state_dict"):
+                files[dataloader_rank_file(i, rank)] = ("object", loader.state_dict())
+        files[rng_state_file(rank)] = ("object", capture_rng_state(step=self.get_step()))
+        return files
+
+    def save_state(
+        self, output_dir: Any = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> str:
+        """Write everything into one atomically committed folder; returns its path (collective)."""
+        async_save = bool(kwargs.pop("async_save", False))
+        final = self._resolve_save_dir(output_dir)
+        self.wait_for_async_save()
+        config = self.project_config
+        rank, world, main = self.process_index, self.num_processes, self.is_main_process
+        if config.automatic_checkpoint_naming and main and final.parent.is_dir():
+            cleanup_checkpoints_dir(final.parent)  # leftovers of saves killed earlier
+        writer = begin_checkpoint(final, token=self._shared_token(), rank=rank)
+        try:
+            if self.strategy.saves_sharded_state:
+                self.strategy.save_sharded_state(
+                    writer.tmp_dir, self.prepared.models, self.prepared.optimizers
+                )
+            files = self._gather_files(safe_serialization, str(writer.tmp_dir))
+        except BaseException:
+            writer.abort()
+            raise
+        metadata = {"cadence_files_by": "save_state", "step": self.get_step()}
+        # total_limit=0 keeps only the checkpoint just written, as in the reference.
+        limit = (
+            max(config.total_limit, 1)
+            if config.automatic_checkpoint_naming and config.total_limit is not None
+            else None
+        )
+
+        def rotate() -> None:
+            if limit is not None:
+                prune_checkpoints(final.parent, limit, background=True)
+
+        if async_save:
+            saver = self._async_saver = self._async_saver or AsyncCheckpointSaver()
+            # Blocks only for the copy to CPU memory; no collective runs in the background: the
+            # committing rank waits for the others' markers (or their failure markers).
+            saver.submit(
+                write_and_commit,
+                writer,
+                saver.snapshot(files),
+                commit=main,
+                world_size=world,
+                timeout=600,
+                metadata=metadata,
+                after_commit=rotate,
+                remove_old_in_background=True,
+            )
+        else:
+            # Two collectives, each also carrying every rank's outcome, so a rank that fails (a
+            # full disk) makes every rank fail together instead of leaving the others in a barrier.
+            error = _attempt(write_rank_files, writer, files)
+            failures = gather_object([_failure(error, rank)])
+            if any(failures):
+                writer.abort()
+                _raise_agreed(failures, error)
+            if main:
+                error = _attempt(
+                    commit_checkpoint,
+                    writer,
+                    world_size=world,
+                    metadata=metadata,
+                    after_commit=rotate,
+                    remove_old_in_background=True,
+                )
+                if error is not None:
+                    writer.abort()
+            outcome = broadcast_object_list([_failure(error, rank) if main else None])
+            _raise_agreed(outcome, error if main else None)
+        if config.automatic_checkpoint_naming:
+            config.iteration += 1
+        return str(final)
+
+    def wait_for_async_save(self) -> None:
+        """Block until this process's asynchronous save (if any) is committed; raise its error."""
+        saver = self._async_saver
+        if saver is not None:
+            # One collective that also carries each rank's outcome: when the save failed anywhere
+            # (a full disk on the rank that writes the model), every rank raises, none waits.
+            error = _attempt(saver.wait)
+            _raise_agreed(gather_object([_failure(error, self.process_index)]), error)
+        wait_for_removals()
+
+    # -- load_state ---------------------------------------------------------------------------------
+    def _resolve_load_dir(self, input_dir: Any) -> tuple[Path, bool]:
+        if input_dir is not None:
+            return Path(os.path.expanduser(os.fspath(input_dir))), False
+        if not self.project_config.automatic_checkpoint_naming:
+            raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
+        directory = checkpoints_dir(self.project_config.project_dir)
+        newest = latest_checkpoint(directory) if directory.is_dir() else None
+        if newest is None:
+            raise FileNotFoundError(
+                f"No complete checkpoint in {directory} to resume from (incomplete ones are "
+                "ignored). Call save_state() first, or pass input_dir=."
+            )
+        return newest, True
+
+    def load_state(
+        self, input_dir: Any = None, load_kwargs: dict | None = None, **model_kwargs: Any
+    ) -> None:
+        """Verify the whole checkpoint, check every state fits, then apply all of it or nothing."""
+        self.wait_for_async_save()
+        allow_pickle = bool(model_kwargs.pop("allow_pickle", False))
+        if (load_kwargs or {}).get("weights_only") is False:
+            allow_pickle = True  # what the refusal message and the reference suggest
+        model_kwargs.pop("map_location", None)  # states are read to CPU, then moved by their owners
+        strict = model_kwargs.pop("strict", True)
+        path, automatic = self._resolve_load_dir(input_dir)
+        prepared, strategy, rank = self.prepared, self.strategy, self.process_index
+        models = list(prepared.models)
+        for hook in list(prepared.load_state_pre_hooks.values()):
+            hook(models, str(path))
+        targets = StateTargets(
+            models={
+                i: strategy.unwrap_fully(model)[0]
+                for i, model in enumerate(prepared.models)
+                if any(model is m for m in models)
+            },
+            optimizers=list(prepared.optimizers),
+            schedulers=list(prepared.schedulers),
+            scaler=strategy.precision.scaler,
+            customs=list(prepared.custom_objects),
+            loaders={
+                i: loader
+                for i, loader in enumerate(prepared.dataloaders)
+                if hasattr(loader, "load_state_dict")
+            },
+            rank=rank,
+            strict=strict,
+            sharded=strategy.saves_sharded_state,
+        )
+        loaded = read_training_state(path, targets, allow_pickle=allow_pickle)
+        apply_training_state(path, targets, loaded)
+        if loaded.rng is not None:
+            self.set_step(int(loaded.rng.get("step", self.get_step())))
+        if strategy.saves_sharded_state:
+            strategy.load_sharded_state(path, prepared.models, prepared.optimizers)
+        if loaded.rng is None:
+            warnings.warn(
+                f"{path} holds no RNG state for process {rank} (saved with fewer processes?): "
+                "random numbers will not continue where the saved run left them.",
+                UserWarning,
+                stacklevel=3,
+            )
+        if automatic:
+            self.project_config.iteration = next_iteration(path.parent)
+
+    # -- registered objects, single objects, whole models ---------------------------------------------
+    def register(self, objects: tuple[Any, ...]) -> None:
+        """Save and load `objects` (anything with state_dict / load_state_dict) with the state."""
+        check_checkpointable(objects)
+        self.prepared.custom_objects.extend(objects)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """`torch.save` (or safetensors) once: on the main process, or per machine with
+        save_on_each_node."""
+        if self.project_config.save_on_each_node:
+            should_write = self.local_process_index == 0
+        else:
+            should_write = self.is_main_process
+        if should_write:
+            save(obj, f, safe_serialization=safe_serialization)
+
+    def save_model(
+        self,
+        model: Any,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's whole weights as (sharded) safetensors with an index (collective)."""
+        parse_shard_size(
+            max_shard_size
+        )  # on every rank, so no rank waits for a failed main process
+        if os.path.isfile(save_directory):
+            # The reference logs this and returns rather than raising.
+            logging.getLogger(__name__).error(
+                "save_model: %s should be a directory, not a file; nothing was saved.",
+                save_directory,
+            )
+            return
+        state_dict = self.state_dict(model)
+        if self.is_main_process:
+            save_model(
+                state_dict,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        self.wait_for_everyone()
+
+
+class NotCheckpointableError(TypeError, ValueError):
+    """An object given to register_for_checkpointing lacks state_dict / load_state_dict (the reference
+    raises ValueError; TypeError describes it better, so it is both)."""
+
+
+def check_checkpointable(objects: tuple[Any, ...]) -> None:
+    """Refuse objects without state_dict() and load_state_dict(), naming each by its position."""
+    invalid = [
+        f"\n\t- Item at index {i}, `{type(obj).__name__}`"
+        for i, obj in enumerate(objects)
+        if not (
+            callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+        )
+    ]
+    if invalid:
+        raise NotCheckpointableError(
+            "register_for_checkpointing needs objects with state_dict() and load_state_dict() "
+            f"functions; these arguments have not:{''.join(invalid)}"
+        )
+
+
+__all__ = ["Checkpointer", "CheckpointError", "NotCheckpointableError", "check_checkpointable"]
