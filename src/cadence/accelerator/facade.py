@@ -103,7 +103,6 @@ class Accelerator:
         )
         self.device_placement = settings.device_placement
         self.dataloader_config = settings.dataloader_config
-        self.project_configuration = settings.project_config
         self.rng_types = settings.rng_types
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.ddp_handler = settings.handlers.get("DistributedDataParallelKwargs")
@@ -117,8 +116,9 @@ class Accelerator:
         self.msamp_recipe_handler = settings.handlers.get("MSAMPRecipeKwargs")
         self.dynamo_plugin = settings.dynamo_plugin
         # Before the process group starts, so a bad log_with fails without side effects.
+        self._project_configuration = settings.project_config
         self._tracker_hub = TrackerHub(
-            settings.log_with, functools.partial(getattr, settings.project_config, "logging_dir")
+            settings.log_with, functools.partial(getattr, self, "logging_dir")
         )
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
@@ -173,7 +173,7 @@ class Accelerator:
         self._checkpointer = Checkpointer(
             self._strategy,
             self._prepared,
-            self.project_configuration,
+            settings.project_config,
             process_index=self.process_index,
             local_process_index=self.local_process_index,
             num_processes=self.num_processes,
@@ -236,6 +236,19 @@ class Accelerator:
     def fp8_backend(self) -> FP8BackendType:
         """The backend of fp8 training (AO for torchao, TE), or NO when the precision is not fp8."""
         return FP8BackendType(getattr(self._strategy.precision, "fp8_backend", "NO"))
+
+    @property
+    def project_configuration(self) -> ProjectConfiguration:
+        """Where checkpoints and logs go (may be replaced; the Checkpointer follows)."""
+        return self._project_configuration
+
+    @project_configuration.setter
+    def project_configuration(self, config: ProjectConfiguration) -> None:
+        if not isinstance(config, ProjectConfiguration):
+            raise TypeError(
+                f"project_configuration must be a ProjectConfiguration, got {type(config).__name__}."
+            )
+        self._project_configuration = self._checkpointer.project_config = config
 
     @property
     def precision(self) -> Precision:
