@@ -139,3 +139,4 @@ def _on_exit() -> None:
     except Exception:  # noqa: BLE001 - the store may be gone already
         pass
     watchdog.halt()
+    watchdog.release()

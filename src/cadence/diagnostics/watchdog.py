@@ -56,9 +56,21 @@ class Watchdog:
         self._thread.start()
 
     def halt(self) -> None:
+        """Stop the watchdog thread (waits up to 2 s for it)."""
         self._halt.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=2)
+
+    def release(self) -> None:
+        """Drop this watchdog's reference to the process group's store once its thread has ended, so
+        the store is destroyed with the group at exit, not during interpreter shutdown."""
+        global _active
+        if self._thread.is_alive():
+            return
+        self.channel = None
+        self.group = None
+        if _active is self:
+            _active = None
 
     @property
     def running(self) -> bool:
