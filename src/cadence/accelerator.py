@@ -287,8 +287,12 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
             return existing
         if device_placement is None:
             device_placement = self.device_placement
-        if device_placement:
-            self.verify_device_map(model)
+        from .bigmodel.training_checks import check_model_is_trainable, verify_device_map
+
+        check_model_is_trainable(model, self.distributed_type)
+        if device_placement and not verify_device_map(
+            model
+        ):  # a dispatched model stays where it is
             model = model.to(self.device)
         self.precision.wrap_forward(model)
         if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
@@ -390,20 +394,17 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict. Sharded models (FSDP, tensor parallel, ZeRO-3) are gathered whole
         on the main process, on CPU; the other processes may get an empty dict. Collective there."""
-        return self._strategy.state_dict(model, unwrap)
+        from .bigmodel.training_checks import offloaded_state_dict
+
+        # a model dispatched with CPU/disk offload: onload its weights module by module
+        offloaded = offloaded_state_dict(self.unwrap_model(model) if unwrap else model)
+        return offloaded if offloaded is not None else self._strategy.state_dict(model, unwrap)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
-        """True if the model was dispatched over several devices with a device map (cannot be trained here)."""
-        for module in model.modules():
-            device_map = getattr(module, "hf_device_map", None)
-            if isinstance(device_map, dict) and len(set(device_map.values())) > 1:
-                if self.use_distributed:
-                    raise ValueError(
-                        "This model is spread over several devices with a device_map; it cannot be "
-                        "trained with distributed data parallelism. Load it on one device per process."
-                    )
-                return True
-        return False
+        """Verifies that `model` has not been prepared with big model inference with a device-map resembling `auto`."""
+        from .bigmodel.training_checks import verify_device_map
+
+        return verify_device_map(model)
 
     # -- the training loop ------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .bigmodel.training_checks import check_model_is_trainable
 from .input_errors import rank_named_errors, with_rank
 from .optimizer import AcceleratedOptimizer
 from .scheduler import AcceleratedScheduler
@@ -101,6 +102,10 @@ def prepare_all(accelerator: Any, args: tuple[Any, ...], device_placement: Any) 
     placements = _placements(device_placement, len(args))
     for position, obj in enumerate(args):
         check_preparable(obj, position)
+        if isinstance(
+            obj, torch.nn.Module
+        ):  # a model dispatched with a device map cannot be trained here
+            check_model_is_trainable(obj, accelerator.distributed_type)
     kinds = [kind_of(obj) for obj in args]
     grouped = accelerator._strategy.prepare_group(list(args), kinds, placements)
     if grouped is not None:  # an engine (DeepSpeed) takes model, optimizer and scheduler together

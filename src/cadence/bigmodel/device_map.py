@@ -271,6 +271,14 @@ def _open_path(parent_name: str, parent: nn.Module, target: str) -> list[tuple[s
     return result
 
 
+def _has_children(module: Any) -> bool:
+    return isinstance(module, nn.Module) and any(True for _ in module.children())
+
+
+def _modules_only(parts: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    return [(n, m) for n, m in parts if isinstance(m, nn.Module)]
+
+
 def infer_auto_device_map(
     model: nn.Module,
     max_memory: Optional[dict[Union[int, str], Union[int, str]]] = None,
@@ -317,15 +325,14 @@ def infer_auto_device_map(
         name, module = to_place.pop(0)
         if verbose:
             logger.info("Treating module %s.", name)
-        # the biggest layer is reserved on main devices until it is itself placed
-        if any(n == name or n.startswith(name + ".") for n in max_layer_names):
-            max_layer_names = [
-                n for n in max_layer_names if n != name and not n.startswith(name + ".")
-            ]
-            if not max_layer_names:
-                max_layer, max_layer_names = get_max_layer_size(to_place, sizes, no_split)
+        # the biggest layer stays reserved on the main devices until it is placed itself
+        max_layer_names = [n for n in max_layer_names if n != name and not n.startswith(name + ".")]
+        if not max_layer_names:
+            max_layer, max_layer_names = get_max_layer_size(
+                _modules_only(to_place), sizes, no_split
+            )
         device = devices[current]
-        limit = max_memory.get(device) if device != "disk" or "disk" in max_memory else None
+        limit = None if device == "disk" else max_memory[device]
         if limit is not None and device in main_devices:
             limit -= max_layer
         outside = _tied_outside(name, tied_groups)
@@ -333,6 +340,8 @@ def infer_auto_device_map(
             outside, sizes[name], sizes, to_place
         )
         if limit is None or used + size <= limit:
+            if verbose:
+                logger.info("Putting %s (size=%d) on %s.", name, size, device)
             device_map[name] = device
             used += size
             for tied_name in tied_names:
@@ -341,17 +350,41 @@ def infer_auto_device_map(
             if not offload_buffers and device in ("cpu", "disk") and isinstance(module, nn.Module):
                 buffers_kept_on_main += sum(b.numel() * b.element_size() for b in module.buffers())
             continue
-        splittable = isinstance(module, nn.Module) and module.__class__.__name__ not in no_split
-        parts = _expand(name, module) if splittable else []
-        if parts:
+        if tied_names and used + sizes[name] <= limit:
+            # the module fits alone: open up one of the modules it shares weights with, and retry
+            opened = False
+            for tied_name, tied_module in zip(tied_names, tied_modules):
+                if not _has_children(tied_module) or tied_module.__class__.__name__ in no_split:
+                    continue
+                at = next(i for i, (n, _) in enumerate(to_place) if n == tied_name)
+                to_place = (
+                    [(name, module)]
+                    + to_place[:at]
+                    + _expand(tied_name, tied_module)
+                    + to_place[at + 1 :]
+                )
+                max_layer, max_layer_names = get_max_layer_size(
+                    _modules_only(to_place), sizes, no_split
+                )
+                opened = True
+                break
+            if opened:
+                continue
+        if (
+            used + sizes[name] >= limit
+            and _has_children(module)
+            and module.__class__.__name__ not in no_split
+        ):
             if verbose:
                 logger.info("Module %s does not fit on %s: splitting it.", name, device)
-            to_place = parts + to_place
-            max_layer, max_layer_names = get_max_layer_size(to_place, sizes, no_split)
+            to_place = _expand(name, module) + to_place
+            max_layer, max_layer_names = get_max_layer_size(
+                _modules_only(to_place), sizes, no_split
+            )
             continue
-        if fallback_allocation and limit is not None and used < limit:
+        if fallback_allocation and used == 0:
             found, found_module, rest = fallback_allocate(
-                [(name, module)] + to_place, sizes, limit - used, no_split, tied_groups
+                [(name, module)] + to_place, sizes, max(limit - used, 0), no_split, tied_groups
             )
             if found is not None:
                 to_place = [(found, found_module)] + rest
@@ -361,11 +394,6 @@ def infer_auto_device_map(
         to_place = [(name, module)] + to_place
         current += 1
         used = 0
-        if current >= len(devices):
-            raise ValueError(
-                f"{name} does not fit on any device of max_memory={max_memory}; raise the limits or "
-                "allow offloading to 'disk'."
-            )
     if buffers_kept_on_main and gpus:
         logger.info(
             "%d bytes of buffers of offloaded modules stay on %s (offload_buffers=False).",
