@@ -16,6 +16,7 @@ from .hooks import (
     AlignDevicesHook,
     CpuOffload,
     LayerwiseCastingHook,
+    TiedWeightsHook,
     UserCpuOffloadHook,
     add_hook_to_module,
     attach_align_device_hook,
@@ -252,6 +253,8 @@ def dispatch_model(
                 offloaded_to,
             )
         retie_parameters(model, tied_params)  # hooks replace Parameters: tie them again
+        if tied_params and any(offload.values()):
+            add_hook_to_module(model, TiedWeightsHook(tied_params), append=True)
         model.to = _warn_on_move(model.to, model)
         model.cuda = _warn_on_move(model.cuda, model)
     else:

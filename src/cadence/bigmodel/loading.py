@@ -21,7 +21,12 @@ import torch
 from torch import nn
 
 from .device_map import validate_device_map
-from .offload import load_offloaded_weights, offload_weight, save_offload_index
+from .offload import (
+    load_offloaded_weight,
+    load_offloaded_weights,
+    offload_weight,
+    save_offload_index,
+)
 from .tensors import (
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
@@ -359,6 +364,13 @@ def load_checkpoint_in_model(
             gc.collect()
         if strict:
             _raise_on_key_mismatch(model, seen | unexpected, model_state)
+        _complete_tied_weights(
+            model,
+            tied_params,
+            device_map,
+            (offload_folder, offload_index),
+            (park_folder, park_index),
+        )
         save_offload_index(offload_index, offload_folder)
         if park_folder is not None:
             load_offloaded_weights(model, park_index, park_folder)
@@ -368,6 +380,50 @@ def load_checkpoint_in_model(
     if unexpected:
         _warn_unexpected(checkpoint, model, unexpected)
     retie_parameters(model, tied_params)
+
+
+def _get_tensor(model: nn.Module, name: str) -> torch.Tensor:
+    owner, _, attr = name.rpartition(".")
+    return getattr(model.get_submodule(owner) if owner else model, attr)
+
+
+def _complete_tied_weights(
+    model: nn.Module,
+    tied_params: list[list[str]],
+    device_map: Mapping[str, Any],
+    disk: tuple[Any, dict[str, Any]],
+    parked: tuple[Any, dict[str, Any]],
+) -> None:
+    """Give every name of a tied group its weight where the map sends it.
+
+    A checkpoint stores tied weights once (safetensors drops aliases), so the other names of the group
+    got nothing: copy the stored one to their place (the offload folder, or the model's device).
+    """
+    for group in tied_params:
+        source = None
+        for name in group:
+            tensor = _get_tensor(model, name)
+            if not tensor.is_meta:
+                source = tensor
+                break
+        for folder, index in (disk, parked):
+            for name in group:
+                if source is None and folder is not None and name in index:
+                    source = load_offloaded_weight(
+                        os.path.join(os.fspath(folder), f"{name}.dat"), index[name]
+                    )
+        if source is None:
+            continue
+        for name in group:
+            device = _device_of(name, device_map)
+            if device == "disk":
+                if name not in disk[1]:
+                    offload_weight(source, name, disk[0], index=disk[1])
+            elif device == "cpu" and parked[0] is not None:
+                if name not in parked[1]:
+                    offload_weight(source, name, parked[0], index=parked[1])
+            elif _get_tensor(model, name).is_meta:
+                set_module_tensor_to_device(model, name, device, value=source.clone())
 
 
 def _warn_unexpected(checkpoint: Any, model: nn.Module, unexpected: set[str]) -> None:
