@@ -8,7 +8,6 @@ time, so host memory holds the model plus about one tensor, never a whole shard 
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -361,7 +360,6 @@ def load_checkpoint_in_model(
                 set_module_tensor_to_device(
                     model, name, device, value=value, dtype=new_dtype, clear_cache=False
                 )
-            gc.collect()
         if strict:
             _raise_on_key_mismatch(model, seen | unexpected, model_state)
         _complete_tied_weights(
@@ -491,7 +489,6 @@ def _load_without_map(
                 else:
                     with torch.no_grad():
                         current.copy_(value)  # in place: the optimizer's references stay valid
-            gc.collect()
     if strict and (unexpected or not broadcast_from_rank0):
         _raise_on_key_mismatch(model, seen | unexpected, model_state)
     if unexpected:
