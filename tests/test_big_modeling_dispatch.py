@@ -283,3 +283,61 @@ def test_cpu_offload_with_hook_moves_models_in_turn():
     assert next(second.parameters()).device.type == "cuda"
     hook_2.offload()
     assert next(second.parameters()).device.type == "cpu"
+
+
+def test_offloaded_weights_loader_reads_safetensors_entries(tmp_path):
+    from safetensors.torch import save_file
+
+    weight = torch.randn(4, 3)
+    save_file({"stored.name": weight}, tmp_path / "w.safetensors")
+    index = {"layer.weight": {"safetensors_file": str(tmp_path / "w.safetensors"), "weight_name": "stored.name", "dtype": "float16"}}  # fmt: skip
+    loader = OffloadedWeightsLoader(state_dict={"layer.bias": torch.ones(3)}, index=index)
+    assert list(loader) == ["layer.bias", "layer.weight"] and len(loader) == 2
+    assert torch.equal(loader["layer.weight"], weight.half())
+    with pytest.raises(ValueError, match="Need either a `state_dict` or a `save_folder`"):
+        OffloadedWeightsLoader()
+    with pytest.raises(FileNotFoundError, match="holds no index.json"):
+        OffloadedWeightsLoader(save_folder=tmp_path)
+
+
+def test_offload_round_trips_every_dtype(tmp_path):
+    from cadence.utils import load_offloaded_weight, offload_weight
+
+    index = {}
+    tensors = {
+        "bf16": torch.randn(3, 2).bfloat16(),
+        "fp8": torch.randn(4).to(torch.float8_e4m3fn),
+        "scalar": torch.tensor(2.5),
+        "ints": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "flags": torch.tensor([True, False, True]),
+    }
+    for name, tensor in tensors.items():
+        offload_weight(tensor, name, tmp_path, index=index)
+    assert (
+        index["bf16"] == {"dtype": "bfloat16", "shape": [3, 2]} and index["scalar"]["shape"] == []
+    )
+    for name, tensor in tensors.items():
+        back = load_offloaded_weight(tmp_path / f"{name}.dat", index[name])
+        assert back.dtype == tensor.dtype and back.shape == tensor.shape
+        if tensor.ndim:  # compare the bytes: fp8 has no equality kernel on CPU
+            assert torch.equal(back.view(torch.uint8), tensor.view(torch.uint8))
+        else:
+            assert back.item() == tensor.item()
+
+
+def test_layerwise_casting_stores_low_and_computes_high():
+    from cadence.big_modeling import attach_layerwise_casting_hooks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    expected_weights = [model[0].weight.to(torch.bfloat16).float(), model[2].weight.clone()]
+    attach_layerwise_casting_hooks(model, storage_dtype=torch.bfloat16, compute_dtype=torch.float32, skip_modules_pattern=r"^2$")  # fmt: skip
+    assert model[0].weight.dtype == torch.bfloat16 and model[2].weight.dtype == torch.float32
+    x = torch.randn(3, 4)
+    out = model(x)
+    assert out.dtype == torch.float32 and model[0].weight.dtype == torch.bfloat16
+    reference = (
+        torch.relu(x @ expected_weights[0].T + model[0].bias.float()) @ expected_weights[1].T
+        + model[2].bias
+    )
+    torch.testing.assert_close(out, reference)

@@ -16,7 +16,6 @@ from .hooks import (
     AlignDevicesHook,
     CpuOffload,
     LayerwiseCastingHook,
-    TiedWeightsHook,
     UserCpuOffloadHook,
     add_hook_to_module,
     attach_align_device_hook,
@@ -165,6 +164,12 @@ def _warn_on_move(method: Callable, model: nn.Module) -> Callable:
     return wrapper
 
 
+def _retie_after_forward(
+    model: nn.Module, args: Any, output: Any, tied_params: list[list[str]]
+) -> None:
+    retie_parameters(model, tied_params)
+
+
 def dispatch_model(
     model: nn.Module,
     device_map: dict[str, Union[str, int, torch.device]],
@@ -254,7 +259,12 @@ def dispatch_model(
             )
         retie_parameters(model, tied_params)  # hooks replace Parameters: tie them again
         if tied_params and any(offload.values()):
-            add_hook_to_module(model, TiedWeightsHook(tied_params), append=True)
+            # offload hooks give each module its own copy of a weight while it runs, which unties the
+            # group; tie it again once the forward is over. A torch forward hook, so `_hf_hook` stays
+            # the AlignDevicesHook other libraries look for.
+            model.register_forward_hook(
+                functools.partial(_retie_after_forward, tied_params=tied_params)
+            )
         model.to = _warn_on_move(model.to, model)
         model.cuda = _warn_on_move(model.cuda, model)
     else:

@@ -17,7 +17,7 @@ from torch import nn
 from ..ops import send_to_device
 from .offload import PrefixedDataset
 from .sizes import get_non_persistent_buffers, named_module_tensors
-from .tensors import retie_parameters, set_module_tensor_to_device, to_torch_device
+from .tensors import set_module_tensor_to_device, to_torch_device
 
 # attributes dispatch_model puts on a model (warning wrappers); removing the hooks removes them
 ADDED_ATTRIBUTES = ("to", "cuda", "npu", "xpu", "mlu", "sdaa", "musa", "neuron")
@@ -517,22 +517,6 @@ def attach_align_device_hook_on_blocks(
             preload_module_classes=preload_module_classes,
             tied_params_map=tied_params_map,
         )
-
-
-class TiedWeightsHook(ModelHook):
-    """Ties weights again after each forward of a dispatched model.
-
-    Offload hooks give each module its own copy of a weight while it runs (a tied weight may live on
-    two devices), which leaves the names of a tied group pointing at different Parameters; the model
-    should look tied again once the forward is over.
-    """
-
-    def __init__(self, tied_params: list[list[str]]) -> None:
-        self.tied_params = tied_params
-
-    def post_forward(self, module: nn.Module, output: Any) -> Any:
-        retie_parameters(module, self.tied_params)
-        return output
 
 
 class CpuOffload(ModelHook):

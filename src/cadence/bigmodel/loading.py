@@ -154,6 +154,17 @@ def load_state_dict(
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def _torch_load(path: str) -> Any:
+    """torch.load with weights_only=True, memory-mapped when the file's format allows it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise
+        # files written with the legacy (non-zip) format cannot be memory-mapped
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def _iter_file(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of one file; safetensors tensors are read one by one from a memory map."""
     if path.endswith(".safetensors"):
@@ -163,7 +174,7 @@ def _iter_file(path: str) -> Iterator[tuple[str, torch.Tensor]]:
             for name in f.keys():
                 yield name, f.get_tensor(name)
         return
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    state = _torch_load(path)
     if not isinstance(state, Mapping):
         raise ValueError(f"{path} does not hold a state dict (a mapping of names to tensors).")
     while state:
@@ -188,7 +199,7 @@ def _precheck_keys(
             names.update({k: shape for k, (_, shape) in _safetensors_header(path).items()})
         elif weight_map is None:
             # a torch file: memory-mapped, so listing its names and shapes reads no weight data
-            state_in_file = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            state_in_file = _torch_load(path)
             if isinstance(state_in_file, Mapping):
                 names.update(
                     {
@@ -489,7 +500,7 @@ def _load_without_map(
                 else:
                     with torch.no_grad():
                         current.copy_(value)  # in place: the optimizer's references stay valid
-    if strict and (unexpected or not broadcast_from_rank0):
+    if strict and not broadcast_from_rank0:  # with a broadcast only rank 0 sees the file
         _raise_on_key_mismatch(model, seen | unexpected, model_state)
     if unexpected:
         _warn_unexpected(checkpoint, model, unexpected)
