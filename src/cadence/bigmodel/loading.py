@@ -26,6 +26,7 @@ from .offload import (
     offload_weight,
     save_offload_index,
 )
+from .sizes import as_dtype
 from .tensors import (
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
@@ -40,17 +41,6 @@ WEIGHTS_NAME = "pytorch_model.bin"
 SAFE_WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-
-
-def _as_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
-    if isinstance(dtype, str):
-        value = getattr(torch, dtype.replace("torch.", ""), None)
-        if not isinstance(value, torch.dtype):
-            raise ValueError(
-                f"dtype {dtype!r} is not a torch dtype; use e.g. 'float16' or torch.float16."
-            )
-        return value
-    return dtype
 
 
 def resolve_checkpoint_files(
@@ -132,7 +122,7 @@ def load_state_dict(
     """
     path = os.fspath(checkpoint_file)
     if path.endswith(".safetensors"):
-        from safetensors import safe_open  # optional dependency
+        from safetensors import safe_open  # lazy: a core dependency, kept out of `import cadence`
 
         device = "cpu"
         if device_map is not None and len({str(v) for v in device_map.values()}) == 1:
@@ -168,7 +158,7 @@ def _torch_load(path: str) -> Any:
 def _iter_file(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of one file; safetensors tensors are read one by one from a memory map."""
     if path.endswith(".safetensors"):
-        from safetensors import safe_open  # optional dependency
+        from safetensors import safe_open  # lazy: a core dependency, kept out of `import cadence`
 
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
@@ -297,7 +287,7 @@ def load_checkpoint_in_model(
             "offload_8bit_bnb=True needs bitsandbytes 8-bit quantization, which Cadence does not "
             "implement; load the model unquantized (offload_8bit_bnb=False)."
         )
-    dtype = _as_dtype(dtype)
+    dtype = as_dtype(dtype)
     if device_map is not None:
         validate_device_map(model, device_map)
     disk_used = device_map is not None and "disk" in device_map.values()

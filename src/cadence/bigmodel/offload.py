@@ -74,7 +74,7 @@ def load_offloaded_weight(
     The result is backed by a copy-on-write memory map of the file: writing to it never changes
     the file.
     """
-    import numpy as np  # optional dependency (installed with torch in practice)
+    import numpy as np  # lazy: a core dependency, kept out of `import cadence`
 
     shape = tuple(weight_info["shape"])
     dtype_name = weight_info["dtype"]
@@ -197,7 +197,9 @@ class OffloadedWeightsLoader(Mapping):
             return self.state_dict[key]
         info = self.index[key]
         if info.get("safetensors_file") is not None:
-            from safetensors import safe_open  # optional dependency
+            from safetensors import (
+                safe_open,  # lazy: a core dependency, kept out of `import cadence`
+            )
 
             device = "cpu" if self.device is None else str(self.device)
             with safe_open(info["safetensors_file"], framework="pt", device=device) as f:

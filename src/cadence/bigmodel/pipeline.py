@@ -23,7 +23,7 @@ from .sizes import calculate_maximum_sizes
 def is_pippy_available() -> bool:
     """True when this torch has `torch.distributed.pipelining` (2.4 and later)."""
     try:
-        import torch.distributed.pipelining  # noqa: F401  optional dependency
+        import torch.distributed.pipelining  # noqa: F401  optional dependency (torch >= 2.4)
     except ImportError:
         return False
     return True

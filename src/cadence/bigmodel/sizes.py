@@ -118,17 +118,20 @@ def named_module_tensors(
                 yield name, buffer
 
 
-def _as_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
+def as_dtype(dtype: Union[str, torch.dtype, None]) -> Optional[torch.dtype]:
+    """`dtype` as a torch.dtype: "float16", "torch.float16" and torch.float16 are the same."""
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.replace("torch.", ""), None)
-        if not isinstance(dtype, torch.dtype):
+        found = getattr(torch, dtype.replace("torch.", ""), None)
+        if not isinstance(found, torch.dtype):
             raise ValueError(
-                f"{dtype!r} is not a torch dtype; use e.g. 'float16' or torch.float16."
+                f"dtype {dtype!r} is not a torch dtype; use e.g. 'float16' or torch.float16."
             )
+        return found
     return dtype
 
 
-def _is_integer(dtype: torch.dtype) -> bool:
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """True for integer and bool dtypes (never cast when a dtype is applied to a model)."""
     return str(dtype).startswith(("torch.uint", "torch.int", "torch.bool"))
 
 
@@ -149,8 +152,8 @@ def compute_module_sizes(
     {'': 80, 'weight': 64, 'bias': 16}
     ```
     """
-    dtype = _as_dtype(dtype)
-    special_sizes = {k: dtype_byte_size(_as_dtype(v)) for k, v in (special_dtypes or {}).items()}
+    dtype = as_dtype(dtype)
+    special_sizes = {k: dtype_byte_size(as_dtype(v)) for k, v in (special_dtypes or {}).items()}
     target_size = dtype_byte_size(dtype) if dtype is not None else None
     sizes: dict[str, int] = defaultdict(int)
     tensors = (
@@ -161,7 +164,7 @@ def compute_module_sizes(
     for name, tensor in tensors:
         if name in special_sizes:
             size = tensor.numel() * special_sizes[name]
-        elif target_size is None or _is_integer(tensor.dtype):
+        elif target_size is None or is_integer_dtype(tensor.dtype):
             size = tensor.numel() * dtype_byte_size(tensor.dtype)
         else:
             size = tensor.numel() * min(target_size, dtype_byte_size(tensor.dtype))

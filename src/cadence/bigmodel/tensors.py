@@ -10,6 +10,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from .sizes import as_dtype, is_integer_dtype, named_module_tensors
+
 logger = logging.getLogger(__name__)
 
 DeviceLike = Union[int, str, torch.device]
@@ -48,10 +50,6 @@ def _split_tensor_name(module: nn.Module, tensor_name: str) -> tuple[nn.Module, 
     return module, tensor_name
 
 
-def _is_integer(dtype: torch.dtype) -> bool:
-    return str(dtype).startswith(("torch.uint", "torch.int", "torch.bool"))
-
-
 def set_module_tensor_to_device(
     module: nn.Module,
     tensor_name: str,
@@ -80,8 +78,7 @@ def set_module_tensor_to_device(
     ```
     """
     module, tensor_name = _split_tensor_name(module, tensor_name)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.replace("torch.", ""))
+    dtype = as_dtype(dtype)
     is_buffer = tensor_name in module._buffers
     old_value = getattr(module, tensor_name)
     target = to_torch_device(device)
@@ -118,7 +115,7 @@ def set_module_tensor_to_device(
         if dtype is None:
             # like nn.Module.load_state_dict: the module's dtype wins
             value = value.to(old_value.dtype, non_blocking=non_blocking)
-        elif not _is_integer(value.dtype):
+        elif not is_integer_dtype(value.dtype):
             value = value.to(dtype, non_blocking=non_blocking)
 
     param = module._parameters.get(tensor_name)
@@ -126,7 +123,11 @@ def set_module_tensor_to_device(
     with torch.no_grad():
         if value is None:
             new_value = old_value.to(target, non_blocking=non_blocking)
-            if dtype is not None and target.type == "meta" and not _is_integer(old_value.dtype):
+            if (
+                dtype is not None
+                and target.type == "meta"
+                and not is_integer_dtype(old_value.dtype)
+            ):
                 new_value = new_value.to(dtype)
         else:
             new_value = value.to(target, non_blocking=non_blocking)
@@ -305,8 +306,6 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
 
     Modules are onloaded one at a time, so CPU memory must hold the result plus one module.
     """
-    from .sizes import named_module_tensors
-
     state: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         direct = [n for n, _ in named_module_tensors(module, remove_non_persistent=True)]
