@@ -3,7 +3,9 @@
 A ~1 GB model (blocks of two 2048x4096 linears, float32) is saved once as sharded safetensors (8
 shards). Then, in fresh processes, alternating Cadence and the reference (run with the reference's
 own interpreter, so Cadence never imports it):
-  load cpu:   init_empty_weights + load_checkpoint_and_dispatch(device_map={"": "cpu"})
+  load cpu:   init_empty_weights + load_checkpoint_and_dispatch(device_map={"": "cpu"}); both
+              libraries leave the weights memory-mapped, so the first forward pays the reading
+  load fp16:  the same with dtype=float16: every weight is read and cast during the load
   load disk:  the same with the second half of the blocks mapped to "disk" (offload folder)
   forward:    tokens/s of that half-disk model (each forward reads the disk half back)
 and for each load the peak resident memory it added (VmHWM), against largest shard + what stays
@@ -84,7 +86,8 @@ def worker(library: str, task: str, checkpoint: str, blocks: int, scratch: str) 
     torch.set_num_threads(max(1, (os.cpu_count() or 2)))
     with init_empty_weights():
         model = Model(blocks)
-    device_map = {"": "cpu"} if task == "load_cpu" else half_disk_map(blocks)
+    device_map = half_disk_map(blocks) if task == "load_disk" else {"": "cpu"}
+    dtype = torch.float16 if task == "load_fp16" else None
     offload = os.path.join(scratch, f"offload-{library}")
     shutil.rmtree(offload, ignore_errors=True)
     with open("/proc/self/clear_refs", "w") as f:
@@ -92,11 +95,13 @@ def worker(library: str, task: str, checkpoint: str, blocks: int, scratch: str) 
     before = _status("VmRSS")
     start = time.perf_counter()
     model = load_checkpoint_and_dispatch(
-        model, checkpoint, device_map=device_map, offload_folder=offload
+        model, checkpoint, device_map=device_map, offload_folder=offload, dtype=dtype
     )
     load_s = time.perf_counter() - start
     result = {"load_s": load_s, "peak_added": _status("VmHWM") - before}
     ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    if dtype is not None:
+        model.float()  # the forward in float32 (CPU matmuls in float16 are slow)
     with torch.no_grad():
         start = time.perf_counter()
         model(ids)  # the first forward touches every weight (both libraries map the shards lazily)
@@ -194,7 +199,7 @@ def main() -> None:
         pythons = {"cadence": sys.executable, "reference": args.reference_python}
         results: dict[tuple[str, str], list[dict]] = {}
         for _ in range(args.rounds):
-            for task in ("load_cpu", "load_disk"):
+            for task in ("load_cpu", "load_fp16", "load_disk"):
                 for library in ("reference", "cadence"):
                     result = run_worker(
                         pythons[library], library, task, checkpoint, blocks, scratch
@@ -205,14 +210,19 @@ def main() -> None:
         return statistics.median(r[key] for r in results[(library, task)])
 
     disk_bytes = (blocks - blocks // 2) * (2 * WIDTH * 2 * WIDTH + 3 * WIDTH) * 4
-    in_memory = {"load_cpu": total, "load_disk": total - disk_bytes}
+    in_memory = {"load_cpu": total, "load_fp16": total // 2, "load_disk": total - disk_bytes}
     print(f"{'':30s}{'reference':>12s}{'cadence':>12s}{'ratio':>8s}")
 
     def row(label: str, ref: float, cad: float, scale: float = 1.0, ratio: bool = True) -> None:
         end = f"{cad / ref:8.2f}" if ratio else ""
         print(f"{label:30s}{ref / scale:12.2f}{cad / scale:12.2f}{end}")
 
-    for task, label in (("load_cpu", "load, all on CPU"), ("load_disk", "load, half on disk")):
+    tasks = (
+        ("load_cpu", "load, all on CPU"),
+        ("load_fp16", "load as float16, CPU"),
+        ("load_disk", "load, half on disk"),
+    )
+    for task, label in tasks:
         row(f"{label} (s)", median("reference", task, "load_s"), median("cadence", task, "load_s"))
         row(
             "  first forward (s)",
