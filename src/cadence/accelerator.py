@@ -290,9 +290,8 @@ class Accelerator(ProcessControlMethods, TrackingMethods, CheckpointMethods):
         from .bigmodel.training_checks import check_model_is_trainable, verify_device_map
 
         check_model_is_trainable(model, self.distributed_type)
-        if device_placement and not verify_device_map(
-            model
-        ):  # a dispatched model stays where it is
+        # a model dispatched with a device map stays where its hooks put it
+        if device_placement and not verify_device_map(model):
             model = model.to(self.device)
         self.precision.wrap_forward(model)
         if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:

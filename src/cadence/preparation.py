@@ -102,9 +102,7 @@ def prepare_all(accelerator: Any, args: tuple[Any, ...], device_placement: Any) 
     placements = _placements(device_placement, len(args))
     for position, obj in enumerate(args):
         check_preparable(obj, position)
-        if isinstance(
-            obj, torch.nn.Module
-        ):  # a model dispatched with a device map cannot be trained here
+        if isinstance(obj, torch.nn.Module):  # dispatched models cannot be trained distributed
             check_model_is_trainable(obj, accelerator.distributed_type)
     kinds = [kind_of(obj) for obj in args]
     grouped = accelerator._strategy.prepare_group(list(args), kinds, placements)
