@@ -36,9 +36,8 @@ def test_dispatch_over_cpu_and_disk_gives_the_plain_outputs(tmp_path):
     model = dispatch_model(copy_of(plain), MIXED_MAP, offload_dir=tmp_path)
     assert model.hf_device_map == MIXED_MAP
     assert torch.equal(model(IDS), expected)
-    assert torch.equal(
-        model(IDS), expected
-    )  # a second call: the weights went back to disk and return
+    # a second call: the weights went back to disk and come in again
+    assert torch.equal(model(IDS), expected)
     # generate-style: the model fed its own output, step after step
     assert torch.equal(greedy_generate(model, IDS, 6), greedy_generate(plain, IDS, 6))
 
