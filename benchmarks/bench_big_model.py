@@ -7,7 +7,7 @@ own interpreter, so Cadence never imports it):
               libraries leave the weights memory-mapped, so the first forward pays the reading
   load fp16:  the same with dtype=float16: every weight is read and cast during the load
   load disk:  the same with the second half of the blocks mapped to "disk" (offload folder)
-  forward:    tokens/s of that half-disk model (each forward reads the disk half back)
+  forward:    tokens/s of that half-disk model (each forward reads the disk half back), best of 5
 and for each load the peak resident memory it added (VmHWM), against largest shard + what stays
 in memory. The files are read once before timing so both sides read from the page cache.
 
@@ -108,11 +108,13 @@ def worker(library: str, task: str, checkpoint: str, blocks: int, scratch: str) 
         result["first_forward_s"] = time.perf_counter() - start
         result["peak_with_forward"] = _status("VmHWM") - before
         if task == "load_disk":
-            start = time.perf_counter()
-            steps = 3
-            for _ in range(steps):
+            # the best of 5 steps: the machine is shared, the slowest steps measure the neighbours
+            steps = []
+            for _ in range(5):
+                start = time.perf_counter()
                 model(ids)
-            result["tokens_per_s"] = steps * ids.numel() / (time.perf_counter() - start)
+                steps.append(time.perf_counter() - start)
+            result["tokens_per_s"] = ids.numel() / min(steps)
     shutil.rmtree(offload, ignore_errors=True)
     return result
 
