@@ -68,6 +68,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.join",
         "cadence.model_helpers",
         "cadence.tensor_helpers",
+        "cadence.bigmodel",
     ),
     # one strategy per backend, owning its precision
     ("cadence.strategies",),
@@ -77,6 +78,9 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.tracking",
         "cadence.constants",
         "cadence.process_helpers",
+        "cadence.big_modeling",
+        "cadence.hooks",
+        "cadence.inference",
     ),
     # the façade and the launchers
     (

@@ -40,6 +40,17 @@ _EXPORTS = {
     "ParallelismConfig": "cadence.plugins",
     "synchronize_rng_states": "cadence.utils.random",
     "is_rich_available": "cadence.availability",
+    # big-model inference (issue 16)
+    "init_empty_weights": "cadence.big_modeling",
+    "init_on_device": "cadence.big_modeling",
+    "dispatch_model": "cadence.big_modeling",
+    "load_checkpoint_and_dispatch": "cadence.big_modeling",
+    "load_checkpoint_in_model": "cadence.big_modeling",
+    "cpu_offload": "cadence.big_modeling",
+    "cpu_offload_with_hook": "cadence.big_modeling",
+    "disk_offload": "cadence.big_modeling",
+    "infer_auto_device_map": "cadence.big_modeling",
+    "prepare_pippy": "cadence.inference",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -21,8 +21,10 @@ from typing import Any
 import torch
 
 from .collectives import recursively_apply
+from .enums import DistributedType
 from .precision_choice import check_precision_supported as check_precision_supported
 from .precision_choice import parse_mixed_precision as parse_mixed_precision
+from .state import AcceleratorState
 
 # fp8 runs its converted linears in float8 and everything else under bf16 autocast (the reference's way).
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
@@ -219,3 +221,39 @@ def remove_forward_wrapper(model: torch.nn.Module) -> None:
             model.__dict__.pop("forward", None)
         else:
             model.forward = original
+
+
+def get_mixed_precision_context_manager(
+    native_amp: bool = False, autocast_kwargs: Any = None
+) -> Any:
+    """The autocast context of the current process's mixed precision (a no-op context when
+    `native_amp` is False or the precision is "no").
+
+    Example::
+
+        with get_mixed_precision_context_manager(native_amp=True):
+            outputs = model(inputs)
+    """
+    state = AcceleratorState()
+    if not native_amp or state.mixed_precision not in _AUTOCAST_DTYPES:
+        return contextlib.nullcontext()
+    kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
+    return torch.autocast(
+        device_type=state.device.type, dtype=_AUTOCAST_DTYPES[state.mixed_precision], **kwargs
+    )
+
+
+def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
+    """A gradient scaler for this process's device: torch's `ShardedGradScaler` under FSDP, else
+    `torch.amp.GradScaler` (`kwargs` go to the scaler).
+
+    Example::
+
+        scaler = get_grad_scaler(init_scale=1024)
+    """
+    device_type = AcceleratorState().device.type
+    if distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # heavy
+
+        return ShardedGradScaler(device_type, **kwargs)
+    return torch.amp.GradScaler(device_type, **kwargs)

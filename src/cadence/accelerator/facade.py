@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import collectives as ops
+from ..bigmodel.training_checks import offloaded_state_dict, verify_device_map
 from ..checkpointing.checkpointer import Checkpointer
 from ..dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 from ..enums import FP8BackendType
@@ -30,7 +31,7 @@ from ..state import AcceleratorState, GradientState
 from ..strategies import StrategyContext, select_strategy
 from ..tracking import TrackerHub
 from .accumulation import GradientAccumulation
-from .preparation import Preparer, model_is_dispatched
+from .preparation import Preparer
 from .settings import AcceleratorSettings, fp8_recipe_handler
 
 _SPLIT_BATCHES_UNSET = object()
@@ -361,11 +362,13 @@ class Accelerator:
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict. Sharded models (FSDP, tensor parallel, ZeRO-3) are gathered whole
         on the main process, on CPU; the other processes may get an empty dict. Collective there."""
-        return self._strategy.state_dict(model, unwrap)
+        # A model dispatched with CPU/disk offload: onload its weights module by module.
+        offloaded = offloaded_state_dict(self.unwrap_model(model) if unwrap else model)
+        return offloaded if offloaded is not None else self._strategy.state_dict(model, unwrap)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
-        """True if the model was dispatched over several devices with a device map (cannot be trained here)."""
-        return model_is_dispatched(model, self.use_distributed)
+        """Whether `model` was dispatched over devices with a device map (big-model inference)."""
+        return verify_device_map(model)
 
     # -- the training loop ------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..bigmodel.training_checks import check_model_is_trainable, verify_device_map
 from ..dataclasses import DataLoaderConfiguration
 from ..input_errors import rank_named_errors, with_rank
 from ..optimizer import AcceleratedOptimizer
@@ -123,21 +124,6 @@ def check_scheduler(scheduler: Any) -> None:
         )
 
 
-def model_is_dispatched(model: torch.nn.Module, use_distributed: bool) -> bool:
-    """True if the model was dispatched over several devices with a device map (cannot be trained
-    with data parallelism: raises on several processes)."""
-    for module in model.modules():
-        device_map = getattr(module, "hf_device_map", None)
-        if isinstance(device_map, dict) and len(set(device_map.values())) > 1:
-            if use_distributed:
-                raise ValueError(
-                    "This model is spread over several devices with a device_map; it cannot be "
-                    "trained with distributed data parallelism. Load it on one device per process."
-                )
-            return True
-    return False
-
-
 class Preparer:
     """Wraps each object for this process's backend and records it in `prepared`."""
 
@@ -174,6 +160,8 @@ class Preparer:
         placements = _placements(device_placement, len(args))
         for position, obj in enumerate(args):
             check_preparable(obj, position)
+            if isinstance(obj, torch.nn.Module):  # dispatched models cannot be trained distributed
+                check_model_is_trainable(obj, self.strategy.context.distributed_type)
         kinds = [kind_of(obj) for obj in args]
         grouped = self.strategy.prepare_group(list(args), kinds, placements, self.prepare_one)
         if (
@@ -215,8 +203,10 @@ class Preparer:
         if existing is not None:
             return existing
         model = self.strategy.precision.convert_model(model)  # fp8: float8 linears, before wrapping
-        if self.device_placement if device_placement is None else device_placement:
-            model_is_dispatched(model, self.strategy.context.use_distributed)
+        check_model_is_trainable(model, self.strategy.context.distributed_type)
+        # A model dispatched with a device map stays where its hooks put it.
+        placement = self.device_placement if device_placement is None else device_placement
+        if placement and not verify_device_map(model):
             model = model.to(self._device)
         self.strategy.precision.wrap_forward(model)
         if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from ..bigmodel.loading import load_checkpoint_in_model as load_with_device_map
 from .fs import write_file_atomically
 from .serialization import (
     _storage_key,
@@ -289,50 +290,6 @@ def load_state_dict(
     return read_torch(path, map_location="cpu", allow_pickle=allow_pickle)
 
 
-def _device_for(name: str, device_map: Mapping[str, Any]) -> Any:
-    module = name
-    while module and module not in device_map:
-        module = module.rpartition(".")[0]
-    if module == "" and "" not in device_map:
-        raise ValueError(f"{name} has no device in device_map (no entry for it or its parents).")
-    return device_map[module]
-
-
-def _place_into_model(
-    model: torch.nn.Module,
-    state: Mapping[str, torch.Tensor],
-    device_map: Mapping[str, Any],
-    dtype: torch.dtype | None,
-    keep_in_fp32_modules: list[str] | None,
-) -> None:
-    import torch
-
-    for name, value in state.items():
-        device = _device_for(name, device_map)
-        if device == "disk" or device == "cpu_offload":
-            raise NotImplementedError(
-                f"device_map sends {name} to {device!r}; offloading to disk is not supported by "
-                "load_checkpoint_in_model yet. Map every module to a device."
-            )
-        if isinstance(device, int):
-            device = torch.device("cuda", device) if torch.cuda.is_available() else "cpu"
-        new_dtype = dtype
-        if dtype is not None and torch.is_floating_point(value):
-            if keep_in_fp32_modules and dtype == torch.float16:
-                if any((k in name and f"{k}." in name) or k == name for k in keep_in_fp32_modules):
-                    new_dtype = torch.float32
-            value = value.to(new_dtype)
-        module_name, _, attr = name.rpartition(".")
-        module = model.get_submodule(module_name) if module_name else model
-        old = getattr(module, attr)
-        target_dtype = value.dtype if new_dtype is not None else old.dtype
-        new = value.to(device=device, dtype=target_dtype)
-        if isinstance(old, torch.nn.Parameter):
-            module._parameters[attr] = torch.nn.Parameter(new, requires_grad=old.requires_grad)
-        else:
-            module._buffers[attr] = new
-
-
 def load_checkpoint_in_model(
     model: torch.nn.Module,
     checkpoint: str | os.PathLike,
@@ -354,10 +311,32 @@ def load_checkpoint_in_model(
     """
     import torch
 
-    if offload_folder is not None or offload_state_dict or offload_buffers or offload_8bit_bnb:
+    if (
+        device_map is not None
+        or offload_folder is not None
+        or offload_state_dict
+        or offload_buffers
+    ):
+        # device maps and CPU/disk offload: the big-model loader (issue 16)
+
+        return load_with_device_map(
+            model,
+            checkpoint,
+            device_map=device_map,
+            offload_folder=offload_folder,
+            dtype=dtype,
+            offload_state_dict=offload_state_dict,
+            offload_buffers=offload_buffers,
+            keep_in_fp32_modules=keep_in_fp32_modules,
+            offload_8bit_bnb=offload_8bit_bnb,
+            strict=strict,
+            full_state_dict=full_state_dict,
+            broadcast_from_rank0=broadcast_from_rank0,
+        )
+    if offload_8bit_bnb:
         raise NotImplementedError(
-            "load_checkpoint_in_model: disk/8-bit offloading is not supported; remove the "
-            "offload_* arguments."
+            "load_checkpoint_in_model: 8-bit offloading (bitsandbytes) is not supported; "
+            "pass offload_8bit_bnb=False."
         )
     if isinstance(dtype, str):
         name = dtype.replace("torch.", "")
@@ -379,10 +358,7 @@ def load_checkpoint_in_model(
         known = {k: v for k, v in state.items() if k in model_keys}
         if broadcast_from_rank0 and _rank() != 0:
             known = {}  # rank 0 reads the files and broadcasts
-        if device_map is None:
-            _load_known(model, known, full_state_dict, broadcast_from_rank0)
-        else:
-            _place_into_model(model, known, device_map, dtype, keep_in_fp32_modules)
+        _load_known(model, known, full_state_dict, broadcast_from_rank0)
     if unexpected:
         logger.warning(
             "Some weights of the checkpoint at %s were not used when initializing %s: %s. "
