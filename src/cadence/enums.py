@@ -24,6 +24,7 @@ class BaseEnum(enum.Enum, metaclass=EnumWithContains):
 
     @classmethod
     def list(cls) -> list[str]:
+        """The string values of every member."""
         return [str(member) for member in cls]
 
 

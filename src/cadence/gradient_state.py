@@ -95,10 +95,12 @@ class GradientState:
 
     @property
     def dataloader_references(self) -> list[Any]:
+        """The dataloaders being iterated, latest last (None for ones garbage-collected)."""
         return [None if ref is None else ref() for ref in self._dataloader_refs]
 
     @property
     def active_dataloader(self) -> Any:
+        """The dataloader being iterated now (the latest one registered)."""
         return self.dataloader_references[-1]
 
     def _add_dataloader(self, dataloader: Any) -> None:

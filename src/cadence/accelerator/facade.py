@@ -231,6 +231,7 @@ class Accelerator:
 
     @even_batches.setter
     def even_batches(self, value: bool) -> None:
+        """Set whether batches are made even across processes by reusing samples."""
         self.dataloader_config.even_batches = value
 
     @property
@@ -245,6 +246,7 @@ class Accelerator:
 
     @project_configuration.setter
     def project_configuration(self, config: ProjectConfiguration) -> None:
+        """Set the project configuration; it must be a `ProjectConfiguration`."""
         if not isinstance(config, ProjectConfiguration):
             raise TypeError(
                 f"project_configuration must be a ProjectConfiguration, got {type(config).__name__}."
@@ -268,6 +270,7 @@ class Accelerator:
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
+        """Set the number of steps to accumulate gradients over (a positive int)."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(
                 f"gradient_accumulation_steps must be a positive integer, got {steps!r}."
@@ -281,6 +284,7 @@ class Accelerator:
 
     @sync_gradients.setter
     def sync_gradients(self, value: bool) -> None:
+        """Set whether gradients are synchronized on this step."""
         self.gradient_state.sync_gradients = value
 
     @property
@@ -290,6 +294,7 @@ class Accelerator:
 
     @step.setter
     def step(self, value: int) -> None:
+        """Set the gradient-accumulation step counter."""
         self._accumulation.step = value
 
     # The registry's lists, under the reference's attribute names (third-party code reads them).

@@ -38,6 +38,8 @@ _LATER_FEATURES = {
 
 @dataclass
 class AcceleratorSettings:
+    """The checked settings an `Accelerator` is built from, one field per choice."""
+
     device_placement: bool
     mixed_precision: str | None
     cpu: bool
@@ -60,6 +62,7 @@ class AcceleratorSettings:
     def resolve(
         cls, *, launch: dict[str, Any], unknown: dict[str, Any], **args: Any
     ) -> AcceleratorSettings:
+        """Check the `Accelerator` arguments and resolve them, with the launch settings."""
         _check_flags(args)
         unknown = dict(unknown)
         kwargs_handlers = args["kwargs_handlers"]

@@ -53,15 +53,31 @@ class ModelHook:
     no_grad = False
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Run when the hook is attached to `module`; return the module to use.
+
+        Example::
+
+            from cadence.hooks import ModelHook, add_hook_to_module
+
+            class PrintShapes(ModelHook):
+                def pre_forward(self, module, *args, **kwargs):
+                    print([getattr(a, "shape", None) for a in args])
+                    return args, kwargs
+
+            add_hook_to_module(model, PrintShapes())
+        """
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        """Run just before the forward of `module`; return the `(args, kwargs)` to call it with."""
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Run just after the forward of `module`; return the output to hand back."""
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
+        """Run when the hook is removed from `module`; return the module to keep."""
         return module
 
 
@@ -72,21 +88,25 @@ class SequentialHook(ModelHook):
         self.hooks = hooks
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Apply every hook's `init_hook` in order, each to the previous one's result."""
         for hook in self.hooks:
             module = hook.init_hook(module)
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        """Pass `(args, kwargs)` through every hook's `pre_forward` in order."""
         for hook in self.hooks:
             args, kwargs = hook.pre_forward(module, *args, **kwargs)
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Pass the output through every hook's `post_forward` in order."""
         for hook in self.hooks:
             output = hook.post_forward(module, output)
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
+        """Apply every hook's `detach_hook` in order, each to the previous one's result."""
         for hook in self.hooks:
             module = hook.detach_hook(module)
         return module
@@ -222,6 +242,7 @@ class AlignDevicesHook(ModelHook):
         ]
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Place the module's tensors: on the execution device, or on meta when offloaded."""
         if (
             self.execution_device is not None
             and to_torch_device(self.execution_device).type == "meta"
@@ -262,6 +283,7 @@ class AlignDevicesHook(ModelHook):
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        """Load offloaded weights onto the execution device and move the inputs there."""
         if self.io_same_device:
             self.input_device = find_device([args, kwargs])
         if self.offload:
@@ -298,6 +320,7 @@ class AlignDevicesHook(ModelHook):
         )
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Send offloaded weights back to meta; move the output to the input's device if asked."""
         if self.offload:
             for name in self._offloaded_tensors(module):
                 set_module_tensor_to_device(module, name, "meta", clear_cache=False)
@@ -309,6 +332,7 @@ class AlignDevicesHook(ModelHook):
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
+        """Put offloaded tensors back on the devices they had before the hook was attached."""
         if self.offload:
             for name, device in self.original_devices.items():
                 if device.type != "meta":
@@ -538,9 +562,11 @@ class CpuOffload(ModelHook):
         self.execution_device = execution_device
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Move the module to the CPU."""
         return module.to("cpu")
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        """Offload the previous model, move this one and the inputs to the execution device."""
         if self.prev_module_hook is not None:
             self.prev_module_hook.offload()
             if torch.cuda.is_available():
@@ -560,9 +586,11 @@ class UserCpuOffloadHook:
         self.hook = hook
 
     def offload(self) -> None:
+        """Send the model back to the CPU."""
         self.hook.init_hook(self.model)
 
     def remove(self) -> None:
+        """Remove the offload hook from the model."""
         remove_hook_from_module(self.model)
 
 
@@ -580,13 +608,16 @@ class LayerwiseCastingHook(ModelHook):
         self.non_blocking = non_blocking
 
     def init_hook(self, module: nn.Module) -> nn.Module:
+        """Cast the module's weights to the storage dtype."""
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        """Cast the module's weights to the compute dtype for the forward."""
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
+        """Cast the module's weights back to the storage dtype after the forward."""
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output

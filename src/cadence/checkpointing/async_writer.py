@@ -185,6 +185,7 @@ class AsyncCheckpointSaver:
 
     @property
     def in_progress(self) -> bool:
+        """Whether a background save is still running."""
         return self._thread is not None and self._thread.is_alive()
 
     def snapshot(self, state: Any) -> Any:

@@ -79,6 +79,7 @@ def new_token() -> str:
 
 
 def temporary_dir_for(final_dir: str | os.PathLike, token: str) -> Path:
+    """The hidden temporary directory a checkpoint is written to before it is renamed."""
     final_dir = Path(final_dir)
     return final_dir.parent / f".{final_dir.name}.tmp-{token}"
 
@@ -205,6 +206,7 @@ class CheckpointWriter:
         self._pending[name] = self._pool.submit(self._finish_known, path, record)
 
     def save_bytes(self, name: str, data: bytes) -> Path:
+        """Write `data` to the file `name` and record its size and checksum."""
         path = self.file_path(name)
         write_file_durably(path, data, durable=False)
         self._add_known(
@@ -213,6 +215,7 @@ class CheckpointWriter:
         return path
 
     def save_json(self, name: str, obj: Any) -> Path:
+        """Write `obj` as JSON to the file `name` and record it."""
         return self.save_bytes(name, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
 
     def save_tensors(

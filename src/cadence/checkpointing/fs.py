@@ -39,6 +39,7 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
 
 
 def fsync_file(path: str | os.PathLike) -> None:
+    """Flush the file at `path` to disk with `os.fsync`."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

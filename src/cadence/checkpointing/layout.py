@@ -25,34 +25,42 @@ def _indexed(stem: str, index: int, extension: str) -> str:
 
 
 def model_file(index: int = 0, safe_serialization: bool = True) -> str:
+    """File name of the `index`-th model weights file (safetensors or `.bin`)."""
     if safe_serialization:
         return _indexed(SAFE_MODEL_NAME, index, ".safetensors")
     return _indexed(MODEL_NAME, index, ".bin")
 
 
 def optimizer_file(index: int = 0) -> str:
+    """File name of the `index`-th optimizer state file."""
     return _indexed(OPTIMIZER_NAME, index, ".bin")
 
 
 def scheduler_file(index: int = 0) -> str:
+    """File name of the `index`-th scheduler state file."""
     return _indexed(SCHEDULER_NAME, index, ".bin")
 
 
 def sampler_file(index: int = 0) -> str:
+    """File name of the `index`-th sampler state file."""
     return _indexed(SAMPLER_NAME, index, ".bin")
 
 
 def dataloader_state_file(index: int = 0) -> str:
+    """File name of the `index`-th dataloader state file."""
     return _indexed(DATALOADER_STATE_NAME, index, ".bin")
 
 
 def scaler_file() -> str:
+    """File name of the gradient scaler state file."""
     return SCALER_NAME
 
 
 def rng_state_file(process_index: int) -> str:
+    """File name of the random-number-generator states of process `process_index`."""
     return f"{RNG_STATE_NAME}_{process_index}.pkl"
 
 
 def custom_state_file(index: int) -> str:
+    """File name of the `index`-th registered custom object's state."""
     return f"{CUSTOM_STATE_NAME}_{index}.pkl"

@@ -134,6 +134,8 @@ def _package_version(name: str) -> str:
 
 @dataclass
 class Manifest:
+    """The record of a checkpoint's files and checksums, written last to mark it complete."""
+
     files: dict[str, FileRecord]
     checksum_algorithm: str = "sha256"
     world_size: int = 1
@@ -145,6 +147,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
+        """The manifest as JSON text."""
         data = {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
@@ -182,6 +185,7 @@ class Manifest:
 
 
 def manifest_path(directory: str | os.PathLike) -> Path:
+    """Path of the manifest file in `directory`."""
     return Path(directory) / MANIFEST_NAME
 
 

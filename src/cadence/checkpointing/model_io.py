@@ -86,6 +86,8 @@ def _tensor_storage_size(tensor: torch.Tensor) -> int:
 
 @dataclass
 class ShardPlan:
+    """How a state dict is split into weight files: files to keys, keys to files, total size."""
+
     filename_to_keys: dict[str, list[str]]
     key_to_filename: dict[str, str]
     total_size: int
@@ -95,6 +97,7 @@ class ShardPlan:
         self.is_sharded = len(self.filename_to_keys) > 1
 
     def index(self) -> dict[str, Any]:
+        """The index of a sharded checkpoint: total size and the weight map."""
         return {"metadata": {"total_size": self.total_size}, "weight_map": self.key_to_filename}
 
 

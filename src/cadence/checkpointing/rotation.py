@@ -28,12 +28,15 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
 
 @dataclass(frozen=True)
 class CheckpointEntry:
+    """One `checkpoint_<n>` directory: its index, path and whether it is complete."""
+
     index: int
     path: Path
     complete: bool
 
 
 def checkpoints_dir(project_dir: str | os.PathLike | None) -> Path:
+    """The `checkpoints` directory under `project_dir`; raise when there is none."""
     if project_dir is None:
         raise ValueError(
             "automatic_checkpoint_naming needs a project_dir: pass "
@@ -91,6 +94,7 @@ def latest_checkpoint(directory: str | os.PathLike, mode: VerifyMode = "sizes") 
 
 
 def checkpoint_index(path: str | os.PathLike) -> int | None:
+    """The index `n` of a `checkpoint_<n>` path, or None for another name."""
     m = _CHECKPOINT_RE.match(Path(path).name)
     return int(m.group(1)) if m else None
 

@@ -123,6 +123,7 @@ def write_safetensors(
 
 
 def read_safetensors(path: str | os.PathLike, device: str | int = "cpu") -> dict[str, torch.Tensor]:
+    """Load the tensors of a safetensors file onto `device`; a bad file raises a clear error."""
     from safetensors.torch import load_file
 
     try:

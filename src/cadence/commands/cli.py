@@ -16,6 +16,7 @@ COMMAND_MODULES = ("config_cmd", "env", "launch", "merge_weights", "test_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `cadence` argument parser, with every subcommand registered."""
     parser = argparse.ArgumentParser(
         "cadence",
         usage="cadence <command> [<args>]",
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `cadence`: parse `argv`, run the subcommand, return its exit code."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     func = getattr(args, "func", None)

@@ -15,6 +15,8 @@ _known_options: list[str] = []
 
 
 def register(subparsers: Any) -> None:
+    """Add the `launch` subcommand to `subparsers`."""
+
     def make_parser(**options: Any) -> argparse.ArgumentParser:
         return subparsers.add_parser(
             "launch", help="Launch a script on one or many processes and machines.", **options
@@ -65,6 +67,7 @@ def _flags_before_script(args: argparse.Namespace) -> list[str]:
 
 
 def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -> int:
+    """Run `cadence launch` for `args` (the processes, or a dry run) and return the exit code."""
     from .launch_banner import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         format_banner,
         format_dry_run,
@@ -138,6 +141,7 @@ class CustomHelpFormatter(argparse.HelpFormatter):
         super().__init__(*args, **kwargs)
 
     def add_argument(self, action: argparse.Action) -> None:
+        """List only one spelling of each option in the help."""
         spellings = [s for s in action.option_strings if "-" not in s[2:]]
         if spellings and spellings != action.option_strings:
             action = copy.copy(action)  # the parser keeps both spellings; only the help lists one

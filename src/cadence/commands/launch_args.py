@@ -74,6 +74,7 @@ UNSUPPORTED_FLAG_PREFIXES = {
 
 
 def str_to_bool(value: str) -> bool:
+    """Parse a true/false command-line value (1/0, yes/no, on/off, ...); raise otherwise."""
     lowered = str(value).strip().lower()
     if lowered in ("1", "true", "yes", "y", "on"):
         return True

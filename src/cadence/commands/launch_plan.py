@@ -80,6 +80,7 @@ class LaunchPlan:
 
     @property
     def config_file(self) -> str | None:
+        """The config file the plan was read from, or None."""
         return self.settings["config_file"].value
 
     @property
@@ -88,6 +89,7 @@ class LaunchPlan:
         return self.num_processes > 1 or self.num_machines > 1 or self.value("max_restarts") > 0
 
     def value(self, name: str) -> Any:
+        """The resolved value of the setting `name`."""
         return self.settings[name].value
 
     def worker_argv(self) -> list[str]:

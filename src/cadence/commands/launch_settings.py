@@ -33,6 +33,8 @@ DEFAULT = "default"
 
 @dataclass(frozen=True)
 class Setting:
+    """A resolved launch setting: its value and where it came from."""
+
     value: Any
     source: str  # "flag", "env NAME", "config file", "default" or "default: <reason>"
 
@@ -145,6 +147,7 @@ ENV_NAMES = {"cpu": "CADENCE_USE_CPU"}
 
 
 def env_name(setting: str) -> str:
+    """The environment variable that sets `setting` (`CADENCE_<SETTING>` unless mapped)."""
     return ENV_NAMES.get(setting, "CADENCE_" + setting.upper())
 
 

@@ -16,6 +16,7 @@ DESCRIPTION = (
 
 
 def register(subparsers: Any) -> None:
+    """Add the `merge-weights` subcommand to `subparsers`."""
     parser = subparsers.add_parser(
         "merge-weights",
         help="Merge a sharded FSDP checkpoint into one weights file.",

@@ -11,6 +11,7 @@ SUCCESS = "Test is a success! You are ready for your distributed training!"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `test` subcommand to `subparsers`."""
     parser = subparsers.add_parser(
         "test",
         help="check that this machine's set-up trains correctly",
@@ -23,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the self-test through `cadence launch` and return its exit code."""
     import cadence.selftest.end_to_end as script  # deferred: imports torch; only its path is needed
 
     command = [sys.executable, "-m", "cadence.commands.cli", "launch"]

@@ -21,6 +21,7 @@ class CustomArgumentGroup(argparse._ArgumentGroup):
     """An argument group whose `--some_flag` options also answer to `--some-flag`."""
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """Add an argument, accepting the dash and underscore spellings of its options."""
         return super().add_argument(*_with_dash_spellings(args), **kwargs)
 
 
@@ -35,9 +36,11 @@ class CustomArgumentParser(argparse.ArgumentParser):
     """
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """Add an argument, accepting the dash and underscore spellings of its options."""
         return super().add_argument(*_with_dash_spellings(args), **kwargs)
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> CustomArgumentGroup:
+        """Add an argument group whose options also accept both spellings."""
         group = CustomArgumentGroup(self, *args, **kwargs)
         self._action_groups.append(group)
         return group

@@ -118,6 +118,7 @@ def _run_module(name: str, args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run a worker's target script or module (`--module`) given in `argv`, tied to its parent."""
     argv = sys.argv[1:] if argv is None else argv
     as_module = bool(argv) and argv[0] == "--module"
     if as_module:

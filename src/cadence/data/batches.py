@@ -20,6 +20,7 @@ class TensorInformation:
 
 
 def is_tensor_information(value: Any) -> bool:
+    """Whether `value` is a `TensorInformation` placeholder."""
     return isinstance(value, TensorInformation)
 
 

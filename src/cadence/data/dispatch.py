@@ -217,6 +217,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
     # -- sizes and padding ----------------------------------------------------------------------
     @property
     def total_batch_size(self) -> int:
+        """Number of samples in one step summed over all the processes."""
         batch_size = self.batch_size
         if batch_size is None:
             batch_size = getattr(self.batch_sampler, "batch_size", None)
@@ -224,6 +225,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
 
     @property
     def total_dataset_length(self) -> int:
+        """Length of the whole dataset."""
         return len(self.dataset)
 
     @property

@@ -40,6 +40,7 @@ class DataLoaderStateMixin:
     remainder = -1
 
     def reset(self) -> None:
+        """Clear the end-of-dataloader flag and the remainder before a new pass."""
         self.end_of_dataloader = False
         self.remainder = -1
 
@@ -176,6 +177,7 @@ class DataLoaderAdapter(DataLoader):
 
     @iteration.setter
     def iteration(self, value: int) -> None:
+        """Set the epoch counter of the loader's position."""
         self._position.epoch = value
 
     def state_dict(self) -> dict[str, Any]:
@@ -252,6 +254,7 @@ class DataLoaderAdapter(DataLoader):
             self.dataset.set_epoch(epoch)
 
     def get_sampler(self) -> Any:
+        """The sampler that decides the order of the samples of this loader."""
         return get_sampler(self)
 
     def set_sampler(self, sampler: Any) -> None:
@@ -263,6 +266,7 @@ class DataLoaderAdapter(DataLoader):
 
     @property
     def total_dataset_length(self) -> int:
+        """Length of the whole dataset, before it is split across the processes."""
         if hasattr(self.dataset, "total_length"):
             return self.dataset.total_length
         return len(self.dataset)
@@ -362,6 +366,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
     # -- sizes and padding ----------------------------------------------------------------------
     @property
     def total_batch_size(self) -> int:
+        """Number of samples in one step summed over all the processes."""
         if isinstance(self.dataset, IterableDatasetShard):
             return self.dataset.global_batch_size
         batch_sampler = (

@@ -35,6 +35,7 @@ class PerPart:
         self.values = values
 
     def for_process(self, process_index: int) -> Any:
+        """The value for `process_index` (the last one for the processes beyond the list)."""
         return self.values[min(process_index, len(self.values) - 1)]
 
 

@@ -36,12 +36,14 @@ class LoaderPosition:
         self.last_epoch_batches: int | None = None  # batches of the epoch that just ended
 
     def start_epoch(self, snapshot: dict[str, Any], already_yielded: int) -> None:
+        """Start an epoch from `snapshot`, with `already_yielded` batches already served."""
         self.last_epoch_batches = None
         self.epoch_start = snapshot
         self.yielded = already_yielded
         self.in_epoch = True
 
     def finish_epoch(self) -> None:
+        """Mark the current epoch as finished and move on to the next one."""
         self.last_epoch_batches = self.yielded
         self.epoch += 1
         self.yielded = 0
@@ -49,6 +51,7 @@ class LoaderPosition:
         self.epoch_start = None
 
     def take_pending(self) -> dict[str, Any] | None:
+        """Return the pending resume state, if any, and clear it."""
         pending, self.pending = self.pending, None
         return pending
 
@@ -78,6 +81,7 @@ def _safe(function: Any, *args: Any) -> Any:
 
 
 def take_snapshot(loader: Any, with_global: bool) -> dict[str, Any]:
+    """Capture the states of the loader's random generators (and the global torch RNG if asked)."""
     generators = named_generators(loader)
     snapshot = {
         "generator_names": [name for name, _ in generators],
@@ -89,6 +93,7 @@ def take_snapshot(loader: Any, with_global: bool) -> dict[str, Any]:
 
 
 def restore_generators(loader: Any, snapshot: dict[str, Any]) -> None:
+    """Restore the loader's random generators from `snapshot`; raise if one is missing."""
     generators = dict(named_generators(loader))
     for name, state in zip(snapshot["generator_names"], snapshot["generator_states"]):
         generator = generators.get(name)
@@ -102,6 +107,7 @@ def restore_generators(loader: Any, snapshot: dict[str, Any]) -> None:
 
 
 def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]:
+    """The loader's resumable position, in torchdata's layout for stateful dataloaders."""
     state = _cadence_state(loader, position)
     if getattr(loader, "use_stateful_dataloader", False):
         return as_torchdata_layout(loader, position, state)
@@ -129,7 +135,7 @@ def _cadence_state(loader: Any, position: LoaderPosition) -> dict[str, Any]:
 
 
 def load_position(loader: Any, position: LoaderPosition, state: dict[str, Any]) -> None:
-
+    """Load a saved position into `position`; a mid-epoch one is applied at the next iteration."""
     if is_torchdata_layout(state):
         state = from_torchdata_layout(state, position)
     _validate(state)

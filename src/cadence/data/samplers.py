@@ -12,6 +12,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 
 def default_generator_device() -> torch.device | str:
+    """The device for new random generators: torch's default device, else the CPU."""
     get_default_device = getattr(torch, "get_default_device", None)
     return get_default_device() if get_default_device is not None else "cpu"
 
@@ -43,6 +44,7 @@ class SeedableRandomSampler(RandomSampler):
         return self.generator
 
     def set_epoch(self, epoch: int) -> None:
+        """Set the epoch, which is mixed into the seed of the shuffle."""
         self.epoch = epoch
 
 
@@ -65,6 +67,7 @@ class SkipBatchSampler(BatchSampler):
 
     @property
     def total_length(self) -> int:
+        """Number of batches of the wrapped sampler, skipped ones included."""
         return len(self.batch_sampler)
 
     def __len__(self) -> int:

@@ -58,6 +58,7 @@ class BatchSamplerShard(BatchSampler):
 
     @property
     def total_length(self) -> int:
+        """Number of batches of the wrapped sampler, over all the processes."""
         return len(self.batch_sampler)
 
     @property
@@ -264,15 +265,18 @@ class IterableDatasetShard(IterableDataset):
 
     @property
     def global_batch_size(self) -> int:
+        """Number of samples in one step summed over all the processes."""
         return self.batch_size if self.split_batches else self.batch_size * self.num_processes
 
     @property
     def process_batch_size(self) -> int:
+        """Number of samples this process gets in one step."""
         if self.split_batches:
             return self.batch_size // self.num_processes
         return self.batch_size
 
     def set_epoch(self, epoch: int) -> None:
+        """Set the epoch, passing it on to the dataset when it supports it."""
         self.epoch = epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)

@@ -22,6 +22,7 @@ _LIBRARY_DIRS = _library_dirs()
 
 
 def is_cadence_file(filename: str) -> bool:
+    """Whether `filename` belongs to the cadence package (or contextlib)."""
     return filename.startswith(_PACKAGE_DIR) or filename == _CONTEXTLIB
 
 
@@ -59,6 +60,7 @@ def short_path(filename: str) -> str:
 
 
 def describe_frame(frame: FrameType | None, with_function: bool = False) -> str:
+    """`file:line` of `frame` (with the function name if asked), or `<unknown>`."""
     if frame is None:
         return "<unknown>"
     site = f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"

@@ -21,12 +21,15 @@ _REPLACE_FORGERIES = 4
 
 
 def channel_prefix(generation: int) -> str:
+    """Store key prefix of the side channel for this run, restart and `generation`."""
     run = env_text("TORCHELASTIC_RUN_ID", "run")
     restart = env_text("TORCHELASTIC_RESTART_COUNT", "0")
     return f"cadence/watch/{run}/{restart}/{generation}/"
 
 
 class SideChannel:
+    """Signed key-value records shared by the ranks through the rendezvous store."""
+
     def __init__(self, store: Any, prefix: str, signer: RecordSigner | None = None) -> None:
         self._store = dist.PrefixStore(prefix, store)
         self._prefix = prefix
@@ -36,6 +39,7 @@ class SideChannel:
 
     @classmethod
     def of_default_group(cls, generation: int) -> SideChannel | None:
+        """Side channel on the default process group's store, or None when there is none."""
         try:
             store = dist.distributed_c10d._get_default_store()
         except (RuntimeError, ValueError, AttributeError):
@@ -63,6 +67,7 @@ class SideChannel:
         return record if isinstance(record, dict) else None
 
     def put(self, key: str, record: dict[str, Any]) -> None:
+        """Sign `record` and write it under `key`."""
         self._store.set(key, self._sealed(key, record))
 
     def get(self, key: str) -> dict[str, Any] | None:
@@ -89,6 +94,7 @@ class SideChannel:
 
     # -- the watchdog's records ------------------------------------------------------------------
     def publish(self, rank: int, state: dict[str, Any]) -> None:
+        """Publish `state` as the latest state of `rank`."""
         self.put(f"rank/{rank}", state)
 
     def states(self, world_size: int) -> list[dict[str, Any] | None]:
@@ -107,6 +113,7 @@ class SideChannel:
         return states
 
     def stop_reason(self) -> dict[str, Any] | None:
+        """The authentic stop record, or None when no stop was requested."""
         return self.get("stop")
 
     def claim_stop(self, reason: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,8 @@ _KNOCK_ON = re.compile(
 
 @dataclass(frozen=True)
 class WorkerFailure:
+    """One failed worker process, with its exit code and the error file it wrote, if any."""
+
     rank: int
     local_rank: int
     exitcode: int
@@ -27,6 +29,7 @@ class WorkerFailure:
 
     @property
     def exception(self) -> str | None:
+        """The exception message from the worker's error file, or None."""
         message = (self.error_data or {}).get("message")
         if isinstance(message, dict):
             return message.get("message")
@@ -34,6 +37,7 @@ class WorkerFailure:
 
     @property
     def traceback(self) -> str:
+        """The Python call stack from the worker's error file, or an empty string."""
         message = (self.error_data or {}).get("message")
         if isinstance(message, dict):
             return (message.get("extraInfo") or {}).get("py_callstack") or ""
@@ -41,6 +45,7 @@ class WorkerFailure:
 
     @property
     def time(self) -> float:
+        """When the worker failed, taken from its error file."""
         data = self.error_data or {}
         precise = (data.get("cadence") or {}).get("time")
         if precise is not None:
@@ -55,9 +60,11 @@ class WorkerFailure:
 
     @property
     def is_knock_on(self) -> bool:
+        """Whether the failure looks caused by another rank failing (peer closed, etc.)."""
         return bool(_KNOCK_ON.search(f"{self.exception or ''}\n{self.traceback}"))
 
     def describe_exit(self) -> str:
+        """Human-readable exit: the killing signal's name, or the exit code."""
         if self.exitcode < 0:
             try:
                 name = signal.Signals(-self.exitcode).name

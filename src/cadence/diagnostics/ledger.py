@@ -68,6 +68,7 @@ class Entry:
         return self.site or "<unknown>"
 
     def describe_inputs(self) -> str:
+        """Short description of the input shapes of the collective, computed once."""
         if self.shapes is None:
             inputs = self.inputs
             self.shapes = "" if inputs is None else describe_inputs(inputs)
@@ -102,6 +103,8 @@ class _Unrecorded:
 
 
 class Ledger:
+    """Per-process record of the collective operations issued, for hang diagnostics."""
+
     def __init__(self) -> None:
         self.enabled = env_bool("CADENCE_LEDGER", True)
         self.sequence = 0
@@ -126,6 +129,7 @@ class Ledger:
 
     # -- CUDA: collectives finish after they return ------------------------------------------------
     def keep_in_flight(self, entry: Entry) -> None:
+        """Keep `entry` until the device finishes it, recording a CUDA event after it."""
         import torch
 
         entry.call_site()  # the frames are gone once the call returns
@@ -135,6 +139,7 @@ class Ledger:
         self.in_flight.append(entry)
 
     def oldest_unfinished_on_device(self) -> Entry | None:
+        """The oldest in-flight entry the device has not finished, or None."""
         while self.in_flight:
             entry = self.in_flight[0]
             if entry.event is None or not entry.event.query():

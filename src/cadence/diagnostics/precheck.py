@@ -98,6 +98,7 @@ def _compare_details(entry: Any, state: Any, signature: str | None, arguments: s
 
 
 def mismatch_message(rank: int, entry: Any, everyone: list[dict[str, Any]]) -> str:
+    """The report of a collective the ranks disagree on (different calls, or out of step)."""
     lines = []
     for other, info in enumerate(everyone):
         arguments = f" with {info['arguments']}" if info["arguments"] else ""

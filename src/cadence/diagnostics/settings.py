@@ -58,6 +58,8 @@ def parse_seconds(value: Any, source: str, upper: float = MAX_SECONDS) -> float 
 @dataclass(frozen=True)
 class WatchSettings:
     # None: no stuck-rank reports (mismatches and failures still stop the job).
+    """Timeouts of the watchdog: stuck-rank stop, process group and stall report."""
+
     stuck_timeout: float | None
     explicit: bool  # the user chose the stuck timeout
     process_group_timeout: float

@@ -60,4 +60,5 @@ def signature_hash(text: str) -> int:
 
 
 def operation_code(operation: str) -> int:
+    """A stable integer code (CRC-32) of the operation name."""
     return zlib.crc32(operation.encode())

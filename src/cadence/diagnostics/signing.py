@@ -54,11 +54,13 @@ class RecordSigner:
 
     @classmethod
     def from_environment(cls) -> RecordSigner:
+        """A signer keyed with the job token from the environment (none if unset)."""
         token = env_text(JOB_TOKEN_ENV, "") or ""
         return cls(token.encode() if token else None)
 
     @property
     def authenticates(self) -> bool:
+        """Whether records are signed and checked (a key is set)."""
         return self._key is not None
 
     def _mac(self, key: str, payload: str) -> str:

@@ -23,6 +23,7 @@ announced = False  # this process has said why it stops
 
 
 def let_launcher_stop_us_first() -> None:
+    """Under torchrun, wait a grace period so the launcher can stop this rank first."""
     if env_text("TORCHELASTIC_RUN_ID"):
         time.sleep(FOLLOW_GRACE)
 
@@ -39,6 +40,7 @@ def describe_reason(reason: dict[str, Any]) -> str:
 
 
 def stop_message(rank: int, reason: dict[str, Any], reporter: bool) -> str:
+    """The message printed when this rank is stopped for `reason`."""
     if reporter and reason.get("kind") == "report":
         return f"[rank {rank}] {reason['report']}"
     if reporter:
@@ -81,6 +83,7 @@ def print_report(message: str) -> None:
 
 
 def stop_process(rank: int, reason: dict[str, Any], reporter: bool) -> NoReturn:
+    """Report why this rank stops, write its error file if it reports, and exit."""
     global announced
     announced = True
     message = stop_message(rank, reason, reporter)

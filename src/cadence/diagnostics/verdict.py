@@ -21,6 +21,8 @@ STALE_AFTER = 15.0
 
 @dataclass
 class Verdict:
+    """The diagnosis of a failed or stuck job: its kind, headline, report and culprit ranks."""
+
     kind: str  # mismatch | out_of_step | ended | stuck | backend
     headline: str
     report: str

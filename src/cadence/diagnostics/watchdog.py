@@ -33,6 +33,8 @@ _READERS_PER_TICK = 8
 
 
 class Watchdog:
+    """Background thread that publishes this rank's progress and watches the other ranks."""
+
     def __init__(
         self, channel: SideChannel, rank: int, world_size: int, settings: WatchSettings, group: Any
     ):
@@ -53,6 +55,7 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="cadence-watchdog", daemon=True)
 
     def start(self) -> None:
+        """Start the watchdog thread."""
         self._thread.start()
 
     def halt(self) -> None:
@@ -74,10 +77,12 @@ class Watchdog:
 
     @property
     def running(self) -> bool:
+        """Whether the watchdog thread is alive and has not been told to stop."""
         return self._thread.is_alive() and not self._halt.is_set()
 
     # -- this rank's state -----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
+        """This rank's current state record, as published on the side channel."""
         now = time.time()
         state: dict[str, Any] = {
             "rank": self.rank,
@@ -109,6 +114,7 @@ class Watchdog:
         return state
 
     def publish_final(self, phase: dict[str, Any]) -> None:
+        """Record the final phase of this rank and publish its last state."""
         self.final_phase = phase
         self.channel.publish(self.rank, self.snapshot())
 
@@ -227,6 +233,7 @@ _generation = 0
 
 
 def active_watchdog() -> Watchdog | None:
+    """The watchdog running in this process, or None (none, or a forked child)."""
     watchdog = _active
     if watchdog is None or watchdog.pid != os.getpid():  # a forked child (dataloader worker)
         return None

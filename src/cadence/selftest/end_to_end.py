@@ -15,11 +15,13 @@ from cadence.utils import broadcast_object_list, gather_object
 
 
 def check(condition: bool, what: str) -> None:
+    """Exit with a failure message naming `what` unless `condition` holds."""
     if not condition:
         raise SystemExit(f"cadence test FAILED: {what}")
 
 
 def check_collectives(accelerator) -> None:
+    """Check that gather and reduce across the processes give the expected values."""
     n, rank = accelerator.num_processes, accelerator.process_index
     gathered = accelerator.gather(torch.tensor([rank], device=accelerator.device))
     check(gathered.tolist() == list(range(n)), f"gather of ranks gave {gathered.tolist()}")
@@ -36,6 +38,7 @@ def check_collectives(accelerator) -> None:
 
 
 def make_loader(batch_size: int):
+    """A shuffled DataLoader over a small seeded linear-regression dataset."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(64, 4, generator=generator)
     y = x @ torch.tensor([[2.0], [-1.0], [0.5], [1.0]])
@@ -45,6 +48,7 @@ def make_loader(batch_size: int):
 
 
 def train_steps(accelerator, model, optimizer, loader, steps: int) -> float:
+    """Train for `steps` batches of `loader` and return the last loss."""
     loss = torch.tensor(0.0)
     for step, (x, y) in enumerate(loader):
         if step == steps:
@@ -57,6 +61,7 @@ def train_steps(accelerator, model, optimizer, loader, steps: int) -> float:
 
 
 def check_training_and_checkpoint(accelerator) -> None:
+    """Train a little, check a save_state/load_state round trip and that ranks agree."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -79,7 +84,7 @@ def check_training_and_checkpoint(accelerator) -> None:
 
 
 def main() -> None:
-
+    """Run the Cadence self-test on every process."""
     accelerator = Accelerator()
     accelerator.print(
         f"Running the Cadence self-test on {accelerator.num_processes} process(es)..."

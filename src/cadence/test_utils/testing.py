@@ -525,13 +525,16 @@ class TempDirTestCase(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls) -> None:
+        """Create the temporary directory shared by the tests of the class."""
         cls.tmpdir = Path(tempfile.mkdtemp())
 
     @classmethod
     def tearDownClass(cls) -> None:
+        """Delete the class's temporary directory."""
         shutil.rmtree(cls.tmpdir, ignore_errors=True)
 
     def setUp(self) -> None:
+        """Empty the temporary directory before each test when `clear_on_setup` is set."""
         if self.clear_on_setup:
             for path in self.tmpdir.iterdir():
                 if path.is_dir():
@@ -545,6 +548,7 @@ class AccelerateTestCase(unittest.TestCase):
     after every test, so tests do not leak settings into each other."""
 
     def tearDown(self) -> None:
+        """Reset the shared accelerator and gradient states after each test."""
         super().tearDown()
 
         AcceleratorState._reset_state(True)

@@ -48,6 +48,7 @@ class RegressionModel(torch.nn.Module):
         self.first_batch = True
 
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """Return `x * a + b`, printing the dtypes on the first batch."""
         if self.first_batch:
             print(f"Model dtype: {self.a.dtype}, {self.b.dtype}. Input dtype: {x.dtype}")
             self.first_batch = False

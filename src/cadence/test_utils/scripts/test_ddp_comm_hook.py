@@ -19,6 +19,7 @@ class MockModel(torch.nn.Module):
         self.p = torch.nn.Parameter(torch.randn(40, 20))
 
     def forward(self, x: torch.Tensor, rank: int) -> torch.Tensor:
+        """Return `p * x ** (1 + rank)`, so gradients differ per rank."""
         return self.p * (x ** (1 + rank))
 
 

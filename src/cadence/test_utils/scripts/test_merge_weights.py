@@ -26,6 +26,7 @@ class TinyModel(torch.nn.Module):
         self.linear2 = torch.nn.Linear(16, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Linear, activation, linear."""
         return self.linear2(self.activation(self.linear1(x)))
 
 

@@ -22,6 +22,7 @@ class Stack(torch.nn.Module):
         self.layers = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the stacked layers to `x`."""
         return self.layers(x)
 
 
