@@ -345,3 +345,28 @@ def test_debug_launcher_takes_a_functools_partial(tmp_path):
 
     debug_launcher(functools.partial(_write_rank, str(tmp_path), suffix=".txt"), num_processes=2)
     assert sorted(os.listdir(tmp_path)) == ["rank0.txt", "rank1.txt"]
+
+
+def test_dynamo_plugin_reads_the_launcher_variables(monkeypatch):
+    from cadence.utils import DynamoBackend, TorchDynamoPlugin
+
+    plain = TorchDynamoPlugin()
+    assert (plain.backend, plain.mode, plain.fullgraph, plain.dynamic) == (
+        DynamoBackend.NO,
+        "default",
+        False,
+        None,  # dynamic stays unset unless the variable is there
+    )
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", "yes")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "0")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "true")
+    plugin = TorchDynamoPlugin()
+    assert plugin.backend == DynamoBackend.INDUCTOR and plugin.mode == "reduce-overhead"
+    assert plugin.fullgraph is True and plugin.dynamic is False
+    assert plugin.use_regional_compilation is True
+    assert TorchDynamoPlugin(fullgraph=False).fullgraph is False  # an argument wins
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", "maybe")
+    with pytest.raises(ValueError, match="ACCELERATE_DYNAMO_USE_FULLGRAPH"):
+        TorchDynamoPlugin()

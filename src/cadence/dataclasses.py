@@ -18,7 +18,7 @@ from typing import Any
 from .diagnostics.settings import parse_seconds
 from .enums import DDPCommunicationHookType, DynamoBackend
 from .profiling import build_profiler
-from .settings import env_text, parse_bool, resolve
+from .settings import env_text, parse_bool, resolve, resolve_flag
 
 
 class KwargsHandler:
@@ -488,6 +488,17 @@ class TorchDynamoPlugin(KwargsHandler):
             )
         self.backend = DynamoBackend(name)
         self.mode = self.mode or resolve("dynamo_mode", default="default", launch={}).value
+        # Unset flags come from the launcher's variables, as in the reference (dynamic only if set).
+        if self.fullgraph is None:
+            self.fullgraph = resolve_flag("dynamo_use_fullgraph", launch={}).value
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = resolve_flag(
+                "dynamo_use_regional_compilation", launch={}
+            ).value
+        if self.dynamic is None:
+            found = resolve("dynamo_use_dynamic", launch={})
+            if found.value is not None:
+                self.dynamic = parse_bool(found.value, found.source.removeprefix("env:"))
 
     def to_compile_kwargs(self) -> dict[str, Any]:
         """The keyword arguments to pass to `torch.compile` (no `mode` when `options` is set)."""

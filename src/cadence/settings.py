@@ -40,6 +40,15 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
     ),
     "dynamo_backend": (None, ("CADENCE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND")),
     "dynamo_mode": (None, ("CADENCE_DYNAMO_MODE", "ACCELERATE_DYNAMO_MODE")),
+    "dynamo_use_fullgraph": (
+        None,
+        ("CADENCE_DYNAMO_USE_FULLGRAPH", "ACCELERATE_DYNAMO_USE_FULLGRAPH"),
+    ),
+    "dynamo_use_dynamic": (None, ("CADENCE_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_DYNAMIC")),
+    "dynamo_use_regional_compilation": (
+        None,
+        ("CADENCE_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"),
+    ),
     "torch_device": (None, ("CADENCE_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE")),
     "use_fsdp": (None, ("CADENCE_USE_FSDP", "ACCELERATE_USE_FSDP")),
     "use_deepspeed": (None, ("CADENCE_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED")),
