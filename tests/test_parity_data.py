@@ -243,3 +243,31 @@ def test_stateful_state_round_trip_on_two_processes(dist_pool, tmp_path):
         assert num_yielded == 1
         assert len(rest) == 3  # 16 samples, 2 per batch, 2 processes: 4 batches each
         assert resumed == rest  # Cadence's own position rides along: the same order resumes
+
+
+def join_with_an_iterable_loader():
+    import warnings
+
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(1, 1))
+
+    class Numbers(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(6.0).reshape(6, 1))
+
+    map_style = acc.prepare(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2))
+    acc.prepare(DataLoader(Numbers(), batch_size=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with acc.join_uneven_inputs([model], even_batches=False):
+            inside = map_style.batch_sampler.even_batches
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    return inside, map_style.batch_sampler.even_batches, messages
+
+
+def test_join_warns_once_when_an_iterable_loader_cannot_follow(dist_pool):
+    for inside, after, messages in dist_pool(2).run(join_with_an_iterable_loader):
+        assert inside is False and after is True  # overridden inside the block, restored after
+        assert len(messages) == 1 and "only supported for map-style datasets" in messages[0]

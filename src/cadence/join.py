@@ -26,18 +26,21 @@ def join_uneven_inputs(
 
     restore: list[tuple[Any, bool]] = []
     if even_batches is not None:
+        iterable_seen = False
         for loader in dataloaders:
             sampler = getattr(loader, "batch_sampler", None)
             if sampler is None or not hasattr(sampler, "even_batches"):
-                warnings.warn(
-                    "Overriding even_batches only affects map-style dataloaders; an iterable one keeps "
-                    "its setting.",
-                    UserWarning,
-                    stacklevel=3,
-                )
+                iterable_seen = True
                 continue
             restore.append((sampler, sampler.even_batches))
             sampler.even_batches = even_batches
+        if iterable_seen:  # once, with the reference's key phrase
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets, yet some "
+                "dataloaders given were iterable: they keep their own setting.",
+                UserWarning,
+                stacklevel=3,
+            )
     else:
         even_batches = default_even_batches
     try:
