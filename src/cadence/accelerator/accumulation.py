@@ -91,3 +91,34 @@ class GradientAccumulation:
                 for parameter in model.parameters():
                     if parameter.grad is not None:
                         parameter.grad.mul_(factor)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide fp16 gradients by the loss scale (once per step); a no-op without fp16."""
+        if self.strategy.precision.scaler is None:
+            return
+        if optimizer is None:
+            optimizers = self.prepared.optimizers
+        else:
+            optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        for opt in optimizers:
+            prepared = self.prepared.find_optimizer(opt)
+            if prepared is None:
+                raise ValueError(
+                    "unscale_gradients() got an optimizer that was not passed to prepare()."
+                )
+            prepared.unscale_()
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""
+        import importlib.util
+
+        if importlib.util.find_spec("lomo_optim") is None:
+            raise ImportError("lomo_backward needs the LOMO optimizers: `pip install lomo-optim`.")
+        from lomo_optim import AdaLomo, Lomo  # optional dependency
+
+        for optimizer in self.prepared.optimizers:
+            inner = optimizer.optimizer
+            if isinstance(inner, (Lomo, AdaLomo)):
+                inner.fused_backward(loss, learning_rate)
+                return
+        raise ValueError("lomo_backward needs a Lomo or AdaLomo optimizer passed to prepare().")

@@ -143,7 +143,12 @@ class Accelerator:
         self.flag_tensor: torch.Tensor | None = None
         self._prepared = PreparedObjects()
         self._strategy = select_strategy(
-            self._strategy_context(),
+            StrategyContext.of_state(
+                self.state,
+                ddp_handler=self.ddp_handler,
+                split_batches=self.dataloader_config.split_batches,
+                step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
+            ),
             PrecisionRequest(
                 self.state._mixed_precision,
                 self.autocast_handler,
@@ -182,22 +187,6 @@ class Accelerator:
             get_step=functools.partial(getattr, self._accumulation, "step"),
             set_step=functools.partial(setattr, self._accumulation, "step"),
             state_dict=self.get_state_dict,
-        )
-
-    def _strategy_context(self) -> StrategyContext:
-        state = self.state
-        return StrategyContext(
-            device=state.device,
-            process_index=state.process_index,
-            num_processes=state.num_processes,
-            distributed_type=state.distributed_type,
-            mixed_precision=state.mixed_precision,
-            fsdp_plugin=state.fsdp_plugin,
-            deepspeed_plugin=state.deepspeed_plugin,
-            parallelism_config=state.parallelism_config,
-            ddp_handler=self.ddp_handler,
-            split_batches=self.dataloader_config.split_batches,
-            step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
         )
 
     # -- the state, as attributes -----------------------------------------------------------------
@@ -406,19 +395,7 @@ class Accelerator:
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide fp16 gradients by the loss scale (once per step); a no-op without fp16."""
-        if self.scaler is None:
-            return
-        if optimizer is None:
-            optimizers = self._prepared.optimizers
-        else:
-            optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
-        for opt in optimizers:
-            prepared = self._prepared.find_optimizer(opt)
-            if prepared is None:
-                raise ValueError(
-                    "unscale_gradients() got an optimizer that was not passed to prepare()."
-                )
-            prepared.unscale_()
+        self._accumulation.unscale_gradients(optimizer)
 
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
@@ -465,18 +442,7 @@ class Accelerator:
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""
-        import importlib.util
-
-        if importlib.util.find_spec("lomo_optim") is None:
-            raise ImportError("lomo_backward needs the LOMO optimizers: `pip install lomo-optim`.")
-        from lomo_optim import AdaLomo, Lomo  # optional dependency
-
-        for optimizer in self._prepared.optimizers:
-            inner = optimizer.optimizer
-            if isinstance(inner, (Lomo, AdaLomo)):
-                inner.fused_backward(loss, learning_rate)
-                return
-        raise ValueError("lomo_backward needs a Lomo or AdaLomo optimizer passed to prepare().")
+        self._accumulation.lomo_backward(loss, learning_rate)
 
     def free_memory(self, *objects: Any) -> tuple[Any, ...]:
         """Drop the references to prepared objects, collect garbage, reset `step`; returns `objects` emptied."""

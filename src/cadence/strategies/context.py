@@ -47,3 +47,27 @@ class StrategyContext:
     def is_main_process(self) -> bool:
         """Whether this is global rank 0."""
         return self.process_index == 0
+
+    @classmethod
+    def of_state(
+        cls,
+        state: Any,
+        *,
+        ddp_handler: Any = None,
+        split_batches: bool = False,
+        step_scheduler_with_optimizer: bool = True,
+    ) -> StrategyContext:
+        """The context of an `AcceleratorState` (device, ranks, backend, precision, plugins)."""
+        return cls(
+            device=state.device,
+            process_index=state.process_index,
+            num_processes=state.num_processes,
+            distributed_type=state.distributed_type,
+            mixed_precision=state.mixed_precision,
+            fsdp_plugin=state.fsdp_plugin,
+            deepspeed_plugin=state.deepspeed_plugin,
+            parallelism_config=state.parallelism_config,
+            ddp_handler=ddp_handler,
+            split_batches=split_batches,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+        )
