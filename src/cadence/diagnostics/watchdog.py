@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -42,7 +43,9 @@ class Watchdog:
         self.rank = rank
         self.world_size = world_size
         self.settings = settings
-        self.group = group
+        # Weakly: the process group must die with destroy_process_group, not at interpreter shutdown
+        # (a gloo group destroyed then aborts the process from a C++ destructor).
+        self._group = weakref.ref(group) if group is not None else (lambda: None)
         self.pid = os.getpid()
         self.host = socket.gethostname()
         self.final_phase: dict[str, Any] | None = None  # set when the script exits or fails
@@ -71,9 +74,13 @@ class Watchdog:
         if self._thread.is_alive():
             return
         self.channel = None
-        self.group = None
         if _active is self:
             _active = None
+
+    @property
+    def group(self) -> Any:
+        """The process group watched (None once it was destroyed)."""
+        return self._group()
 
     @property
     def running(self) -> bool:
