@@ -229,7 +229,9 @@ class Checkpointer:
 
         def rotate() -> None:
             if limit is not None:
-                prune_checkpoints(final.parent, limit, background=True)
+                # Synchronously: a process killed right after the commit must not leave more than
+                # total_limit + 1 complete checkpoints behind.
+                prune_checkpoints(final.parent, limit, background=False)
 
         if async_save:
             saver = self._async_saver = self._async_saver or AsyncCheckpointSaver()
