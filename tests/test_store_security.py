@@ -31,6 +31,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, logging, os, sys, time, torch
     from cadence import Accelerator
+    from cadence.utils import broadcast_object_list
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("cadence.diagnostics").setLevel(logging.DEBUG)  # to see ignored records
@@ -43,7 +44,11 @@ SCRIPT = textwrap.dedent(
         info["token"] = os.environ.get("CADENCE_JOB_TOKEN")
     open(f"{out}/rank{rank}.json.tmp", "w").write(json.dumps(info))
     os.replace(f"{out}/rank{rank}.json.tmp", f"{out}/rank{rank}.json")
-    while not os.path.exists(f"{out}/go_on"):
+    while True:  # rank 0 decides, so every rank runs the same number of collectives
+        go_on = [os.path.exists(f"{out}/go_on")]
+        broadcast_object_list(go_on)
+        if go_on[0]:
+            break
         acc.gather(torch.ones(1))
         time.sleep(0.05)
     # Several watchdog ticks (CADENCE_STUCK_TIMEOUT=2: a tick every 0.5 s) with the forgery in place.
@@ -265,6 +270,7 @@ DIFFERENT_TOKENS = textwrap.dedent(
     if os.environ["RANK"] == "1":  # as if this machine had been given another secret
         os.environ["CADENCE_JOB_TOKEN"] = "another-secret-" + "1" * 32
     from cadence import Accelerator
+    from cadence.utils import broadcast_object_list
 
     out = sys.argv[1]
     acc = Accelerator(cpu=True)
