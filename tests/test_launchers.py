@@ -38,11 +38,15 @@ SCRIPT = textwrap.dedent(
 def test_notebook_and_debug_launcher_from_a_script(tmp_path):
     script = tmp_path / "launch.py"
     script.write_text(SCRIPT)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     result = subprocess.run(
         [sys.executable, str(script), str(tmp_path), str(free_port())],
-        capture_output=True, text=True, timeout=180, env=CPU_ENV,
+        capture_output=True, text=True, timeout=180, env=dict(CPU_ENV, TMPDIR=str(scratch)),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    # The workers' log folders are removed once every launch succeeded (nothing is left in the temp dir).
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("cadence-launch-")] == []
     assert [(tmp_path / f"nb{r}.txt").read_text() for r in range(2)] == [
         "2 DistributedType.MULTI_CPU bf16 3.0"
     ] * 2

@@ -136,6 +136,7 @@ def _launch_with_elastic_agent(
     monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
 ) -> None:
+    import shutil
     import tempfile
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -182,6 +183,8 @@ def _launch_with_elastic_agent(
     ):
         try:
             elastic_launch(config=config, entrypoint=_named(function))(*args)
+            # The workers' logs are only worth keeping when the failure summary points at them.
+            shutil.rmtree(log_dir, ignore_errors=True)
         except ChildFailedError as error:
             # torch names the lowest failed rank; the rank that failed *first* is the one to report.
             failures = failures_from_error_files(log_dir) or failures_from_elastic(error)
