@@ -13,6 +13,7 @@ caller (the Accelerator's save/load flow) supplies the objects; nothing here kno
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,13 @@ def _rng_step(state: Any) -> ApplyStep:
     return ApplyStep("RNG", lambda: restore_rng_state(state), snapshot)
 
 
+def _load_step(
+    label: str, obj: Any, state: Any, snapshot: Callable[[Any], Any] = snapshot_state_dict
+) -> ApplyStep:
+    """A step that loads `state` into `obj` through its `load_state_dict`, undone from `snapshot`."""
+    return ApplyStep(label, lambda: obj.load_state_dict(state), lambda: snapshot(obj))
+
+
 def apply_training_state(
     path: str | os.PathLike, targets: StateTargets, loaded: LoadedState
 ) -> None:
@@ -159,48 +167,24 @@ def apply_training_state(
     steps: list[ApplyStep] = []
     if loaded.rng is not None:
         steps.append(_rng_step(loaded.rng))
-    for i, state in loaded.loaders.items():
-        loader = targets.loaders[i]
-        steps.append(
-            ApplyStep(
-                f"dataloader {i}",
-                lambda o=loader, s=state: o.load_state_dict(s),
-                lambda o=loader: snapshot_state_dict(o),
-            )
-        )
-    for i, (obj, state) in enumerate(zip(targets.customs, loaded.customs)):
-        steps.append(
-            ApplyStep(
-                f"registered object {i}",
-                lambda o=obj, s=state: o.load_state_dict(s),
-                lambda o=obj: snapshot_state_dict(o),
-            )
-        )
+    steps += [
+        _load_step(f"dataloader {i}", targets.loaders[i], state)
+        for i, state in loaded.loaders.items()
+    ]
+    steps += [
+        _load_step(f"registered object {i}", obj, state)
+        for i, (obj, state) in enumerate(zip(targets.customs, loaded.customs))
+    ]
     if loaded.scaler is not None:
-        scaler = targets.scaler
-        steps.append(
-            ApplyStep(
-                "scaler",
-                lambda: scaler.load_state_dict(loaded.scaler),
-                lambda: snapshot_state_dict(scaler),
-            )
-        )
-    for i, (obj, state) in enumerate(zip(targets.schedulers, loaded.schedulers)):
-        steps.append(
-            ApplyStep(
-                f"scheduler {i}",
-                lambda o=obj, s=state: o.load_state_dict(s),
-                lambda o=obj: snapshot_state_dict(o),
-            )
-        )
-    for i, (obj, state) in enumerate(zip(targets.optimizers, loaded.optimizers)):
-        steps.append(
-            ApplyStep(
-                f"optimizer {i}",
-                lambda o=obj, s=state: o.load_state_dict(s),
-                lambda o=obj: snapshot_optimizer(o),
-            )
-        )
+        steps.append(_load_step("scaler", targets.scaler, loaded.scaler))
+    steps += [
+        _load_step(f"scheduler {i}", obj, state)
+        for i, (obj, state) in enumerate(zip(targets.schedulers, loaded.schedulers))
+    ]
+    steps += [
+        _load_step(f"optimizer {i}", obj, state, snapshot=snapshot_optimizer)
+        for i, (obj, state) in enumerate(zip(targets.optimizers, loaded.optimizers))
+    ]
     # Models last: a plain module whose weights were checked cannot fail half-way, so it needs no
     # copy, and everything before it can still be restored.
     for i, state in loaded.weights.items():
