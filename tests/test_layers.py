@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.profiling",
         "cadence.prepared",
         "cadence.cuda_probe",
+        "cadence.xla_runtime",
     ),
     # option records and cross-rank diagnostics (no process state yet)
     (
@@ -51,6 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     # collectives over nested data and process-level utilities
     (
         "cadence.collectives",
+        "cadence.xla_collectives",
         "cadence.logging",
         "cadence.utils.random",
         "cadence.utils.memory",

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import process_control as execution
+from . import xla_runtime
 from .diagnostics.settings import resolve_watch_settings
 from .diagnostics.watchdog import start_watchdog
 from .enums import DistributedType
@@ -123,7 +124,10 @@ class PartialState:
         self.debug = resolve_flag("debug", None, launch).value
         self.fork_launched = resolve_flag("fork_launched", None, launch).value
         self.topology = topology
-        if dist.is_available() and dist.is_initialized():
+        xla = xla_runtime.xla_requested(cpu, launch)
+        if xla:  # torch_xla's runtime knows the replicas (xmp.spawn), not the torchrun variables
+            self._start_xla()
+        elif dist.is_available() and dist.is_initialized():
             self._adopt_process_group(topology, cpu)
         elif topology.world_size > 1:
             self._start_process_group(topology, cpu, launch, kwargs)
@@ -133,10 +137,12 @@ class PartialState:
             self.process_index = 0
             self.local_process_index = 0
             self.device = _choose_device(cpu, 0, 1)
-        self.distributed_type = _distributed_type_for(self.backend, self.num_processes)
+        self.distributed_type = (
+            DistributedType.XLA if xla else _distributed_type_for(self.backend, self.num_processes)
+        )
         self.use_cpu = cpu or self.device.type == "cpu"
         self._check_launch_expectations(launch)
-        if self.use_distributed:
+        if self.use_distributed and not xla:  # the watchdog's handshakes run on gloo/NCCL groups
             start_watchdog(self, watch)
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -147,6 +153,18 @@ class PartialState:
         same_world = topology.world_size == self.num_processes
         self.local_process_index = topology.local_rank if same_world else self.process_index
         self.device = _choose_device(cpu or self.backend == "gloo", self.local_process_index, 2)
+
+    def _start_xla(self) -> None:
+        global _owns_process_group
+        self.device = xla_runtime.device()
+        self.num_processes = xla_runtime.world_size()
+        self.process_index = xla_runtime.global_ordinal()
+        self.local_process_index = xla_runtime.local_ordinal()
+        self.backend = None
+        if self.num_processes > 1:
+            xla_runtime.start_process_group()
+            self.backend = xla_runtime.XLA_BACKEND
+            _owns_process_group = True
 
     def _start_process_group(
         self, topology: Topology, cpu: bool, launch: dict[str, Any], kwargs: dict[str, Any]
@@ -432,7 +450,8 @@ class AcceleratorState:
         self.device_mesh = None
         self.partial_state = partial
         plugins = (fsdp_plugin, deepspeed_plugin, parallelism_config)
-        if any(plugin is not None for plugin in plugins):
+        # On XLA the FSDP plugin / ParallelismConfig choose an SPMD layout (strategies/xla.py).
+        if any(p is not None for p in plugins) and self.distributed_type != DistributedType.XLA:
             try:
                 configure_state(self, ParallelPlugins(*plugins))
             except BaseException:
