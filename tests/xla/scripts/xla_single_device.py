@@ -23,7 +23,7 @@ from xla_common import (  # noqa: E402
 )
 
 import cadence  # noqa: E402
-from cadence import Accelerator, DistributedType  # noqa: E402
+from cadence import Accelerator  # noqa: E402
 from cadence.state import reset_state  # noqa: E402
 from cadence.utils import set_seed, synchronize_rng_states  # noqa: E402
 
@@ -112,9 +112,13 @@ with tempfile.TemporaryDirectory() as folder:
     seed_at_save = int(xm.get_rng_state())
     draw_after_save = torch.rand(3, device=device).cpu()
     train(accelerator, model, optimizer, loader)  # moves away from the saved state
-    results["weights_moved_after_save"] = max_diff(accelerator.get_state_dict(model), weights_at_save)
+    results["weights_moved_after_save"] = max_diff(
+        accelerator.get_state_dict(model), weights_at_save
+    )
     accelerator.load_state(saved)
-    results["load_state_weights_diff"] = max_diff(accelerator.get_state_dict(model), weights_at_save)
+    results["load_state_weights_diff"] = max_diff(
+        accelerator.get_state_dict(model), weights_at_save
+    )
     results["load_state_param_device"] = model.encode.weight.device.type
     results["load_state_tied"] = model.decode.weight is model.encode.weight
     results["load_state_momentum_diff"] = max(
