@@ -437,9 +437,16 @@ class AcceleratorState:
                     "process, or call cadence.state.reset_state() between trainings."
                 )
             return
+        launch = read_launch_config()
+        if (
+            (fsdp_plugin is not None or parallelism_config is not None)
+            and not PartialState._shared_state
+            and xla_runtime.xla_requested(resolve_flag("use_cpu", cpu, launch).value, launch)
+        ):
+            # An SPMD layout over the XLA devices: torch_xla must switch before the device is first used.
+            xla_runtime.start_spmd()
         partial = PartialState(cpu, **kwargs)
         self.__dict__.update(partial.__dict__)
-        launch = read_launch_config()
         self._mixed_precision = resolve_mixed_precision(mixed_precision, launch)
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin

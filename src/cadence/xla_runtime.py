@@ -134,6 +134,13 @@ def spmd_active() -> bool:
     return loaded() and bool(xr().is_spmd())
 
 
+def start_spmd() -> None:
+    """Switch torch_xla to SPMD (one process drives every device). Must run before this process first
+    uses its XLA device: afterwards the switch would replicate live tensors and can crash the runtime."""
+    if not xr().is_spmd():
+        xr().use_spmd()
+
+
 def sync() -> None:
     """Cut the lazy graph here and run it (a step boundary)."""
     torch_xla().sync()

@@ -110,9 +110,13 @@ class XLAStrategy(Strategy):
     def _start_spmd(plan: SpmdPlan) -> Any:
         import numpy as np
 
-        xr = xla_runtime.xr()
         xs = xla_runtime.spmd()
-        xr.use_spmd()
+        if not xla_runtime.spmd_active():
+            raise RuntimeError(
+                "The FSDP plugin / ParallelismConfig asks for SPMD over the XLA devices, but this process "
+                "used its XLA device before SPMD could be switched on (PartialState() or an XLA tensor came "
+                "first). Create the Accelerator with the plugin before anything touches the XLA device."
+            )
         count = int(np.prod(plan.shape))
         mesh = xs.Mesh(np.arange(count), plan.shape, plan.axes)
         xs.set_global_mesh(mesh)
@@ -168,6 +172,19 @@ class XLAStrategy(Strategy):
             key: value.detach().to("cpu") if isinstance(value, torch.Tensor) else value
             for key, value in state.items()
         }
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Back-propagate (bf16 needs no loss scaling); explains torch's engine error after a CPU backward."""
+        try:
+            super().backward(loss, **kwargs)
+        except RuntimeError as error:
+            if "device_ready_queues_" not in str(error):
+                raise
+            raise RuntimeError(
+                "A backward pass ran on another device before this process first used its XLA device, "
+                "so torch's autograd engine has no queue for XLA devices. Create the Accelerator before "
+                "any backward pass in this process."
+            ) from error
 
     # -- the optimizer --------------------------------------------------------------------------
     def adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
