@@ -82,6 +82,14 @@ def xla_requested(cpu: bool, launch: dict[str, Any] | None = None) -> bool:
     return bool(asked) or bool(resolve("pjrt_device", launch={}).value) or tpu_present()
 
 
+def planned_device_kind() -> str:
+    """The device kind the runtime will pick: PJRT_DEVICE, else "TPU" on a TPU VM, else "CPU"."""
+    chosen = resolve("pjrt_device", launch={}).value
+    if chosen:
+        return str(chosen).upper()
+    return "TPU" if tpu_present() else "CPU"
+
+
 def mp_device_loader_requested() -> bool:
     """Whether prepared dataloaders go through torch_xla's MpDeviceLoader thread, as in the reference
     (CADENCE_XLA_MP_DEVICE_LOADER=1), instead of Cadence's in-order transfer (see docs/differences.md)."""

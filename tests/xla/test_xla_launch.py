@@ -81,3 +81,20 @@ def test_dry_run_shows_the_xla_worker_command_and_starts_nothing(tmp_path):
     assert "worker command:" in proc.stdout
     assert "cadence.commands.xla_worker --function train" in proc.stdout
     assert MARK not in proc.stdout
+
+
+def test_notebook_launcher_forks_the_function_onto_xla():
+    from xla_runner import run_scenario
+
+    report = run_scenario("xla_notebook")
+    child = report["child"]
+    assert child["pid"] != report["parent_pid"]  # forked by torch_xla's launcher
+    assert child["distributed_type"] == "XLA"
+    assert child["device_type"] == "xla"
+    assert child["mixed_precision"] == "bf16"
+    assert len(child["losses"]) == 16 and all(loss == loss for loss in child["losses"])
+    # An Accelerator made in the notebook itself is refused with the reference's message.
+    assert (
+        "the `Accelerator` should only be initialized inside your training function"
+        in (report["after_accelerator"])
+    )
