@@ -110,3 +110,13 @@ def test_bad_combinations_are_clear_errors_before_side_effects(report):
     assert errors["deepspeed"].startswith("ValueError")
     assert "DeepSpeed does not run on XLA" in errors["deepspeed"]
     assert report["state_after_errors_initialized"] is False
+
+
+def test_mp_device_loader_switch_gives_the_references_loader(report):
+    # CADENCE_XLA_MP_DEVICE_LOADER=1: torch_xla's MpDeviceLoader (a thread running ahead), as the
+    # reference wraps prepared loaders on XLA; training is the same.
+    assert report["mp_loader_type"] == "MpDeviceLoaderWrapper"
+    assert report["mp_loader_len"] == 16
+    assert report["mp_loader_batch_device"] == "xla"
+    assert report["mp_loader_steps"] == 16
+    assert report["mp_loader_loss_max_abs_diff"] < 1e-5

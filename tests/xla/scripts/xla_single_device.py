@@ -178,6 +178,25 @@ _, bf16_cpu_losses = eager_cpu_training(accumulation=1, autocast_bf16=True)
 results["bf16_loss_max_abs_diff"] = max(abs(a - b) for a, b in zip(bf16_losses, bf16_cpu_losses))
 results["bf16_losses_finite"] = all(loss == loss for loss in bf16_losses)
 
+# -- CADENCE_XLA_MP_DEVICE_LOADER=1: the reference's MpDeviceLoader thread instead of the in-order transfer
+reset_state()
+os.environ["CADENCE_XLA_MP_DEVICE_LOADER"] = "1"
+accelerator = Accelerator()
+model = fresh_model()
+optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+loader = torch.utils.data.DataLoader(dataset(), batch_size=BATCH)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+del os.environ["CADENCE_XLA_MP_DEVICE_LOADER"]
+results["mp_loader_type"] = type(loader).__name__
+results["mp_loader_len"] = len(loader)
+results["mp_loader_batch_device"] = next(iter(loader))[0].device.type
+mp_losses = train(accelerator, model, optimizer, loader)
+_, plain_cpu_losses = eager_cpu_training(accumulation=1)
+results["mp_loader_loss_max_abs_diff"] = max(
+    abs(a - b) for a, b in zip(mp_losses, plain_cpu_losses)
+)
+results["mp_loader_steps"] = len(mp_losses)
+
 # -- explicit settings win, bad combinations fail before any side effect ------------------------------
 reset_state()
 accelerator = Accelerator(cpu=True)
