@@ -88,6 +88,12 @@ def test_save_state_load_state_round_trip(report):
     assert report["resumed_batch_matches"] is True
 
 
+def test_accelerator_save_writes_cpu_tensors(report):
+    assert report["save_devices"] == {"False": ["cpu"], "True": ["cpu"]}
+    assert report["save_safe_False_diff"] == 0.0
+    assert report["save_safe_True_diff"] == 0.0
+
+
 def test_save_model_writes_cpu_safetensors(report):
     assert report["save_model_files"] == ["model.safetensors"]
     assert report["save_model_diff"] == 0.0

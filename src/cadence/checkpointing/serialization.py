@@ -252,6 +252,10 @@ def save(obj: Any, f: str | os.PathLike | io.IOBase, safe_serialization: bool = 
     """
     import torch
 
+    if (
+        xla_runtime.loaded()
+    ):  # as the reference's xm.save: files hold CPU tensors, readable anywhere
+        obj = _xla_tensors_to_cpu(obj)
     if safe_serialization:
         if not _is_tensor_dict(obj):
             raise TypeError(
@@ -271,6 +275,19 @@ def save(obj: Any, f: str | os.PathLike | io.IOBase, safe_serialization: bool = 
         _replace_atomically(f, lambda tmp: torch.save(obj, tmp))
     else:
         torch.save(obj, f)
+
+
+def _xla_tensors_to_cpu(obj: Any) -> Any:
+    """`obj` with every tensor on an XLA device replaced by a CPU copy (nesting kept)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu") if obj.device.type == "xla" else obj
+    if isinstance(obj, Mapping):
+        return type(obj)({key: _xla_tensors_to_cpu(value) for key, value in obj.items()})
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_xla_tensors_to_cpu(item) for item in obj)
+    return obj
 
 
 def _replace_atomically(path: str | os.PathLike, write) -> None:

@@ -133,9 +133,23 @@ with tempfile.TemporaryDirectory() as folder:
         torch.equal(torch.rand(3, device=device).cpu(), draw_after_save)
     )
     results["checkpoint_files"] = sorted(os.listdir(saved))
+    # Accelerator.save: CPU tensors in the file (pickle and safetensors), as the reference's xm.save
+    from safetensors.torch import load_file
+
+    saved_devices = {}
+    for safe in (False, True):
+        path = os.path.join(folder, f"weights_{safe}")
+        accelerator.save(
+            accelerator.unwrap_model(model).state_dict(), path, safe_serialization=safe
+        )
+        back = load_file(path) if safe else torch.load(path, weights_only=True)
+        saved_devices[str(safe)] = sorted({v.device.type for v in back.values()})
+        results[f"save_safe_{safe}_diff"] = max(
+            float((back[k] - weights_at_save[k]).abs().max()) for k in back
+        )
+    results["save_devices"] = saved_devices
     # save_model: safetensors on the CPU, the same values
     accelerator.save_model(model, os.path.join(folder, "model"))
-    from safetensors.torch import load_file
 
     files = sorted(os.listdir(os.path.join(folder, "model")))
     results["save_model_files"] = files
