@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.plugins",
         "cadence.parallelism_config",
         "cadence.deepspeed_helpers",
+        "cadence.xla_spmd",
     ),
     # barriers, first-process blocks, triggers (given the process state, never importing it)
     ("cadence.process_control",),

@@ -28,6 +28,7 @@ from .settings import device_from_env, read_launch_config, resolve, resolve_flag
 from .shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
 from .shared_state import do_nothing as do_nothing
 from .topology import Topology, detect_topology
+from .xla_spmd import spmd_plan
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
 
@@ -443,8 +444,13 @@ class AcceleratorState:
             and not PartialState._shared_state
             and xla_runtime.xla_requested(resolve_flag("use_cpu", cpu, launch).value, launch)
         ):
-            # An SPMD layout over the XLA devices: torch_xla must switch before the device is first used.
-            xla_runtime.start_spmd()
+            # An SPMD layout over the XLA devices, checked first; torch_xla must switch to SPMD before
+            # the device is first used.
+            plan = spmd_plan(
+                fsdp_plugin, parallelism_config, xla_runtime.world_size(), xla_runtime.device_count
+            )
+            if plan is not None:
+                xla_runtime.start_spmd()
         partial = PartialState(cpu, **kwargs)
         self.__dict__.update(partial.__dict__)
         self._mixed_precision = resolve_mixed_precision(mixed_precision, launch)

@@ -132,6 +132,11 @@ def local_ordinal() -> int:
     return int(xr().local_ordinal())
 
 
+def device_count() -> int:
+    """Number of XLA devices of this host's runtime (asking does not switch SPMD on or off)."""
+    return int(xr().global_runtime_device_count())
+
+
 def device_kind() -> str:
     """The runtime's device kind: "TPU", "CPU", "CUDA", ..."""
     return str(xr().device_type())

@@ -63,3 +63,4 @@ def test_layouts_xla_cannot_run_are_clear_errors(report):
     assert "this host has 4" in errors["wrong_size"]
     assert errors["tp"].startswith("NotImplementedError")
     assert "tensor, context and sequence parallelism are not supported" in errors["tp"]
+    assert errors["wrong_size_left_state"] is False and errors["tp_left_state"] is False

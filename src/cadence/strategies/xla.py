@@ -15,7 +15,6 @@ mesh axis (data parallelism; the compiler inserts the gradient all-reduce), an F
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,58 +22,9 @@ import torch
 from .. import xla_runtime
 from ..precision import Precision
 from ..prepared import PreparedObjects
+from ..xla_spmd import SpmdPlan, spmd_plan
 from .base import Strategy
 from .context import StrategyContext
-
-
-@dataclass(frozen=True)
-class SpmdPlan:
-    """How a single process drives several XLA devices: `mode` is "dp" (batch sharding) or "fsdp"
-    (FSDPv2); `axes` names the mesh dimensions, `shape` their sizes."""
-
-    mode: str
-    axes: tuple[str, ...]
-    shape: tuple[int, ...]
-
-
-def spmd_plan(context: StrategyContext, device_count: int | None = None) -> SpmdPlan | None:
-    """The SPMD layout the FSDP plugin / ParallelismConfig of `context` asks for, or None (one device
-    per process). Raises for what XLA cannot do, before anything is moved."""
-    config = context.parallelism_config
-    fsdp = context.fsdp_plugin is not None
-    if config is None and not fsdp:
-        return None
-    if config is not None and (config.tp_size > 1 or config.cp_size > 1 or config.sp_size > 1):
-        raise NotImplementedError(
-            "On XLA, Cadence supports data parallelism (dp_replicate_size) and FSDPv2 (dp_shard_size or an "
-            "FSDP plugin) through SPMD; tensor, context and sequence parallelism are not supported. "
-            "Set tp_size, cp_size and sp_size to 1."
-        )
-    if context.num_processes > 1:
-        raise ValueError(
-            f"SPMD on XLA drives every device from one process, but {context.num_processes} XLA processes "
-            "were started: launch one process per host (without xmp.spawn / `--num_processes`)."
-        )
-    count = device_count if device_count is not None else _device_count()
-    replicate = config.dp_replicate_size if config is not None else 1
-    shard = config.dp_shard_size if config is not None else 1
-    if config is None or replicate * shard == 1:
-        replicate, shard = (1, count) if fsdp else (count, 1)
-    if replicate * shard != count:
-        raise ValueError(
-            f"The ParallelismConfig asks for dp_replicate_size {replicate} x dp_shard_size {shard} = "
-            f"{replicate * shard} XLA devices, but this host has {count} (CPU_NUM_DEVICES on torch_xla's "
-            "CPU device). Make the product equal the device count."
-        )
-    if fsdp or shard > 1:
-        if replicate > 1:
-            return SpmdPlan("fsdp", ("data", "fsdp"), (replicate, shard))
-        return SpmdPlan("fsdp", ("fsdp",), (shard,))
-    return SpmdPlan("dp", ("data",), (replicate,))
-
-
-def _device_count() -> int:
-    return int(xla_runtime.xr().global_runtime_device_count())
 
 
 def _tied_groups(model: torch.nn.Module) -> list[list[str]]:
@@ -100,7 +50,12 @@ class XLAStrategy(Strategy):
         self, context: StrategyContext, precision: Precision, prepared: PreparedObjects
     ) -> None:
         super().__init__(context, precision, prepared)
-        self.plan = spmd_plan(context)
+        self.plan = spmd_plan(
+            context.fsdp_plugin,
+            context.parallelism_config,
+            context.num_processes,
+            xla_runtime.device_count,
+        )
         self.mesh = self._start_spmd(self.plan) if self.plan is not None else None
         # id(parameter before the move) -> the parameter on the XLA device.
         self._moved: dict[int, torch.nn.Parameter] = {}

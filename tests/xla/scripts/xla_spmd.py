@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from xla_common import BATCH, CLIP, LR, dataset, eager_cpu_training, fresh_model, max_diff, report  # noqa: E402
 
 from cadence import Accelerator  # noqa: E402
-from cadence.state import reset_state  # noqa: E402
+from cadence.state import PartialState, reset_state  # noqa: E402
 from cadence.utils import FullyShardedDataParallelPlugin, ParallelismConfig  # noqa: E402
 
 results: dict = {}
@@ -79,6 +79,7 @@ for name, kwargs in {
         errors[name] = None
     except (ValueError, NotImplementedError) as error:
         errors[name] = f"{type(error).__name__}: {error}"
+    errors[f"{name}_left_state"] = PartialState._shared_state != {}  # raised before any side effect
 results["errors"] = errors
 # Eager CPU training last: a CPU backward before the first XLA backward leaves torch's autograd engine
 # without a queue for XLA devices (torch / torch_xla behaviour, explained by Cadence's error).
