@@ -154,9 +154,19 @@ def start_spmd() -> None:
         xr().use_spmd()
 
 
+_syncs = 0  # graph cuts made through `sync`, so a second cut at the same boundary can be skipped
+
+
 def sync() -> None:
     """Cut the lazy graph here and run it (a step boundary)."""
+    global _syncs
     torch_xla().sync()
+    _syncs += 1
+
+
+def sync_count() -> int:
+    """How many graph cuts `sync` has made in this process."""
+    return _syncs
 
 
 def rendezvous(tag: str) -> None:

@@ -42,6 +42,7 @@ class XlaTransfer:
         self.device = device
         self.xm = xla_runtime.xm()
         self.shard = _sharder()
+        self._cuts_at_last_batch = -1
 
     def start(self, batch: Any) -> Any:
         """Begin the host-to-device transfer of `batch`."""
@@ -51,8 +52,11 @@ class XlaTransfer:
         return moved
 
     def finish(self, pending: Any) -> Any:
-        """Run the graph of the previous step (a step boundary), then hand out the batch."""
-        xla_runtime.sync()
+        """Run the graph of the previous step (a step boundary), then hand out the batch. When the
+        optimizer step already cut the graph since the last batch, a second cut would be empty: skipped."""
+        if xla_runtime.sync_count() == self._cuts_at_last_batch:
+            xla_runtime.sync()
+        self._cuts_at_last_batch = xla_runtime.sync_count()
         return pending
 
 
