@@ -50,11 +50,12 @@ def _flag(name: str, launch: dict[str, Any] | None) -> bool | None:
 
 
 def tpu_present() -> bool:
-    """Whether this machine looks like a TPU VM (TPU_ACCELERATOR_TYPE set, or /dev/accel0 or
-    /dev/vfio/0 present), without importing torch_xla."""
+    """Whether this machine looks like a TPU VM (TPU_ACCELERATOR_TYPE set, or /dev/accel0 present),
+    without importing torch_xla. (VFIO devices are not taken as a TPU: GPU hosts have them too; on TPU
+    generations exposed through VFIO, set PJRT_DEVICE=TPU as torch_xla's documentation says.)"""
     if resolve("tpu_accelerator_type", launch={}).value:
         return True
-    return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+    return os.path.exists("/dev/accel0")
 
 
 def xla_requested(cpu: bool, launch: dict[str, Any] | None = None) -> bool:
