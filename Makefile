@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.cadence-demo-installed
 STAMP := $(VENV)/.cadence-installed
 
-.PHONY: demo test lint format bench
+.PHONY: demo test test-xla lint format bench
 
 # The demo needs only torch and the package; the suite adds the test tools and the optional packages
 # whose integrations it exercises (trackers, DeepSpeed).
@@ -23,6 +23,22 @@ demo: $(DEMO_STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Optional: the XLA path on torch_xla's CPU device, in its own venv (torch_xla pins torch 2.9, whose
+# only reachable wheel is the CUDA build: ~7 GB, several minutes the first time). `make test` skips these.
+XLA_VENV := .venv-xla
+XLA_PY := $(XLA_VENV)/bin/python
+XLA_STAMP := $(XLA_VENV)/.cadence-installed
+
+$(XLA_STAMP): pyproject.toml
+	test -x $(XLA_PY) || $(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_PY) -m pip install -q torch==2.9.0 torch-xla==2.9.0
+	$(XLA_PY) -m pip install -q numpy pyyaml safetensors packaging pytest hypothesis tqdm xxhash
+	$(XLA_PY) -m pip install -q --no-deps -e .
+	touch $(XLA_STAMP)
+
+test-xla: $(XLA_STAMP)
+	PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -m xla tests/xla
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks

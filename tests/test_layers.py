@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.profiling",
         "cadence.prepared",
         "cadence.cuda_probe",
+        "cadence.xla_runtime",
     ),
     # option records and cross-rank diagnostics (no process state yet)
     (
@@ -43,6 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.plugins",
         "cadence.parallelism_config",
         "cadence.deepspeed_helpers",
+        "cadence.xla_spmd",
     ),
     # barriers, first-process blocks, triggers (given the process state, never importing it)
     ("cadence.process_control",),
@@ -51,6 +53,7 @@ LAYERS: list[tuple[str, ...]] = [
     # collectives over nested data and process-level utilities
     (
         "cadence.collectives",
+        "cadence.xla_collectives",
         "cadence.logging",
         "cadence.utils.random",
         "cadence.utils.memory",

@@ -302,7 +302,6 @@ UNSUPPORTED = [
     ("cadence.utils", "load_and_quantize_model", (None, None), "bitsandbytes"),
     ("cadence.utils", "convert_model", (None,), "Transformer Engine"),
     ("cadence.utils", "install_xla", (), "TPU"),
-    ("cadence.utils", "prepare_tpu", (None, {}), "TPU"),
     ("cadence.utils", "prepare_sagemager_args_inputs", (None, None), "SageMaker"),
     ("cadence.commands.tpu", "main", (), "TPU"),
     ("cadence.utils", "prepare_multi_gpu_env", (None,), "cadence launch"),
@@ -317,6 +316,18 @@ UNSUPPORTED = [
         "init_empty_weights",
     ),
 ]
+
+
+def test_prepare_tpu_builds_the_references_tpu_environment():
+    import argparse
+
+    from cadence.utils import prepare_tpu
+
+    args, env = prepare_tpu(argparse.Namespace(mixed_precision="no", debug=True), {})
+    assert env == {"ACCELERATE_DEBUG_MODE": "true"}  # bf16 switches only on a TPU
+    pod_args = argparse.Namespace(mixed_precision="no", debug=False, tpu_vm=["a"], tpu_name="pod")
+    args, env = prepare_tpu(pod_args, {}, pod=True)
+    assert (args.vm, args.tpu, env) == (["a"], "pod", {})
 
 
 @pytest.mark.parametrize(("module", "name", "args", "named"), UNSUPPORTED)

@@ -8,10 +8,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import xla_collectives
 from .diagnostics import ledger as _ledger_module
 from .diagnostics.errors import DistributedOperationException as DistributedOperationException
 from .diagnostics.precheck import check_collective
 from .diagnostics.signature import describe_dimensions
+from .enums import DistributedType
 from .input_errors import with_rank
 from .state import PartialState
 
@@ -111,6 +113,11 @@ def _state() -> Any:
     return _FAST_STATE
 
 
+def _on_xla(state: Any) -> bool:
+    # XLA replicas exchange through torch_xla (cadence.xla_collectives), not a gloo/NCCL group.
+    return getattr(state, "distributed_type", None) == DistributedType.XLA
+
+
 _FAST_STATE = _FastState()
 
 
@@ -176,6 +183,8 @@ def gather(tensor: Any) -> Any:
     if not state.use_distributed:
         recursively_apply(lambda t: t, tensor, error_on_other_type=True)
         return tensor
+    if _on_xla(state):
+        return recursively_apply(xla_collectives.gather_one, tensor, error_on_other_type=True)
     with _ledger.entered("gather", tensor) as entry:
         check_collective(entry, state)
         return recursively_apply(_gather_one, tensor, state.num_processes, error_on_other_type=True)
@@ -186,6 +195,11 @@ def gather_object(object: Any) -> Any:
     state = _state()
     if not state.use_distributed:
         return object
+    if _on_xla(state):
+        everyone = xla_collectives.gather_object(object, state.num_processes, state.device)
+        if all(isinstance(o, (list, tuple)) for o in everyone):
+            return [item for part in everyone for item in part]
+        return everyone
     with _ledger.entered("gather_object") as entry:
         check_collective(entry, state, signature="any object")
         everyone: list[Any] = [None] * state.num_processes
@@ -225,6 +239,11 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
             )
         )
     state = _state()
+    if _on_xla(state):  # `scale` applies here, on one device too
+        return recursively_apply(
+            xla_collectives.reduce_one, tensor, reduction, float(scale), state.num_processes,
+            error_on_other_type=True,
+        )  # fmt: skip
     if not state.use_distributed:
         return recursively_apply(torch.Tensor.clone, tensor, error_on_other_type=True)
     with _ledger.entered("reduce", tensor) as entry:
@@ -245,6 +264,11 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
         dist.broadcast(t, src=from_process)
         return t
 
+    if _on_xla(state):
+        return recursively_apply(
+            xla_collectives.broadcast_one, tensor, from_process, error_on_other_type=True
+        )
+
     with _ledger.entered("broadcast", tensor) as entry:
         check_collective(entry, state, arguments=f"from_process={from_process}")
         return recursively_apply(one, tensor, error_on_other_type=True)
@@ -260,6 +284,9 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     if not state.use_distributed:
         return object_list
     _check_rank(from_process, state)
+    if _on_xla(state):
+        xla_collectives.broadcast_object_list(object_list, from_process, state.device)
+        return object_list
     with _ledger.entered("broadcast_object_list") as entry:
         check_collective(
             entry,

@@ -14,7 +14,7 @@ from typing import Any
 
 from .enums import DistributedType
 from .unsupported.sagemaker import prepare_sagemager_args_inputs
-from .unsupported.torch_xla import prepare_tpu
+from .xla_runtime import planned_device_kind
 
 _RANKED_TYPES = (
     DistributedType.MULTI_GPU,
@@ -42,6 +42,31 @@ def env_var_path_add(env_var_name: str, path_to_add: str | os.PathLike) -> str:
     paths = [part for part in os.environ.get(env_var_name, "").split(":") if part]
     paths.append(str(path_to_add))
     return ":".join(paths)
+
+
+def prepare_tpu(
+    args: argparse.Namespace, current_env: dict[str, str], pod: bool = False
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The environment of a TPU launch, as the reference builds it: with bf16 on a TPU,
+    `XLA_USE_BF16=1` (or `XLA_DOWNCAST_BF16=1` with `args.downcast_bf16`); with `args.debug`,
+    `ACCELERATE_DEBUG_MODE=true`; for a pod, `args.vm` / `args.tpu` from `tpu_vm` / `tpu_name`.
+
+    Example:
+        >>> args, env = prepare_tpu(argparse.Namespace(mixed_precision="no", debug=True), {})
+        >>> env
+        {'ACCELERATE_DEBUG_MODE': 'true'}
+    """
+    if getattr(args, "mixed_precision", None) == "bf16" and planned_device_kind() == "TPU":
+        if getattr(args, "downcast_bf16", False):
+            current_env["XLA_DOWNCAST_BF16"] = "1"
+        else:
+            current_env["XLA_USE_BF16"] = "1"
+    if getattr(args, "debug", False):
+        current_env["ACCELERATE_DEBUG_MODE"] = "true"
+    if pod:
+        args.vm = getattr(args, "tpu_vm", None)
+        args.tpu = getattr(args, "tpu_name", None)
+    return args, current_env
 
 
 class PrepareForLaunch:

@@ -27,10 +27,12 @@ from .diagnostics.failure_report import (
 from .diagnostics.signing import JOB_TOKEN_ENV, new_job_token
 from .hardware import usable_cpu_count, visible_gpu_count
 from .launch_bounds import OVERSUBSCRIBE_ENV, notebook_launcher_problems
+from .launch_env import PrepareForLaunch
 from .precision_choice import check_precision_supported
 from .rendezvous_store import store_bound_to
 from .settings import LAUNCH_CONFIG_ENV, encode_launch_config, env_bool
 from .state import AcceleratorState, PartialState, resolve_mixed_precision
+from .xla_runtime import planned_device_kind, xla_requested
 
 
 class WorkerProcessesFailed(RuntimeError):
@@ -194,6 +196,37 @@ def _launch_with_elastic_agent(
             raise WorkerProcessesFailed(summary) from error
 
 
+def _launch_on_xla(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    num_processes: int | None,
+    mixed_precision: str,
+) -> None:
+    """`function(*args)` on this host's XLA devices through `xmp.spawn` (forked), as the reference does
+    on a TPU runtime; `num_processes=1` runs one process."""
+    if AcceleratorState._shared_state:
+        raise ValueError(
+            "To train on TPU in Colab or Kaggle Kernel, the `Accelerator` should only be initialized inside "
+            "your training function. Restart your notebook and make sure no cells initializes an "
+            "`Accelerator`."
+        )
+    check_precision_supported(mixed_precision, device_type="xla")
+    import torch_xla.distributed.xla_multiprocessing as xmp  # optional dependency
+
+    record = {"mixed_precision": mixed_precision, "use_xla": True, "distributed_type": "XLA"}
+    on_tpu = planned_device_kind() == "TPU"
+    print(
+        "Launching a training on TPU cores." if on_tpu else "Launching a training on XLA devices."
+    )
+    with _environment(**{LAUNCH_CONFIG_ENV: encode_launch_config(record)}):
+        xmp.spawn(
+            PrepareForLaunch(function, "XLA"),
+            args=args,
+            nprocs=1 if num_processes == 1 else None,
+            start_method="fork",
+        )
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: tuple[Any, ...] = (),
@@ -235,6 +268,9 @@ def notebook_launcher(
         raise TypeError(
             f"notebook_launcher needs a function to run, got {type(function).__name__}."
         )
+    if xla_requested(False, {}):  # PJRT_DEVICE set or a TPU here: torch_xla's launcher
+        _launch_on_xla(function, args, num_processes, mixed_precision)
+        return
     if num_processes is None or (num_processes == 1 and num_nodes == 1):
         with _environment(
             **{LAUNCH_CONFIG_ENV: encode_launch_config({"mixed_precision": mixed_precision})}

@@ -101,6 +101,11 @@ def check_precision_supported(
     asks for ("AO", "TE", "MSAMP"); `capability` is the GPU's compute capability when known (FP8 needs
     8.9: Ada, Hopper or newer). Called by the launchers, the Accelerator's settings and the strategy.
     """
+    if device_type == "xla" and mixed_precision in ("fp16", "fp8"):
+        raise ValueError(
+            f"mixed_precision={mixed_precision!r} is not supported on XLA devices (TPU): XLA trains in "
+            "bf16 without loss scaling. Use mixed_precision='bf16' (or 'no')."
+        )
     if mixed_precision != "fp8":
         return
     if engine == "deepspeed":

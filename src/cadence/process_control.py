@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from . import xla_runtime
 from .diagnostics.ledger import ledger
 from .diagnostics.precheck import check_collective
 from .input_errors import with_rank
@@ -56,6 +57,9 @@ def barrier(
     if timeout is not None and not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     seconds = None if timeout is None else timeout.total_seconds()
+    if state.backend == xla_runtime.XLA_BACKEND and group is None:
+        xla_runtime.rendezvous("cadence.wait_for_everyone")  # XLA replicas meet through torch_xla
+        return
     with ledger.entered("wait_for_everyone", None, timeout=seconds) as entry:
         if timeout is not None and state.backend == "gloo":
             dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)

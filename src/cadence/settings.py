@@ -61,6 +61,13 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "log_level": (None, ("CADENCE_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")),
     "stuck_timeout": ("stuck_timeout", ("CADENCE_STUCK_TIMEOUT",)),
     "process_group_timeout": ("process_group_timeout", ()),
+    # XLA (torch_xla): CADENCE_USE_XLA=1 asks for it, 0 refuses it; the reference's USE_TORCH_XLA=0
+    # refuses it too. PJRT_DEVICE (torch_xla's runtime) or a TPU VM's TPU_ACCELERATOR_TYPE wants it.
+    "use_xla": ("use_xla", ("CADENCE_USE_XLA",)),
+    "use_torch_xla": (None, ("USE_TORCH_XLA",)),
+    "pjrt_device": (None, ("PJRT_DEVICE",)),
+    "tpu_accelerator_type": (None, ("TPU_ACCELERATOR_TYPE",)),
+    "xla_mp_device_loader": (None, ("CADENCE_XLA_MP_DEVICE_LOADER",)),
 }
 
 

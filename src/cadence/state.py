@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import process_control as execution
+from . import xla_runtime
 from .diagnostics.settings import resolve_watch_settings
 from .diagnostics.watchdog import start_watchdog
 from .enums import DistributedType
@@ -27,6 +28,7 @@ from .settings import device_from_env, read_launch_config, resolve, resolve_flag
 from .shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
 from .shared_state import do_nothing as do_nothing
 from .topology import Topology, detect_topology
+from .xla_spmd import spmd_plan
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
 
@@ -123,7 +125,10 @@ class PartialState:
         self.debug = resolve_flag("debug", None, launch).value
         self.fork_launched = resolve_flag("fork_launched", None, launch).value
         self.topology = topology
-        if dist.is_available() and dist.is_initialized():
+        xla = xla_runtime.xla_requested(cpu, launch)
+        if xla:  # torch_xla's runtime knows the replicas (xmp.spawn), not the torchrun variables
+            self._start_xla()
+        elif dist.is_available() and dist.is_initialized():
             self._adopt_process_group(topology, cpu)
         elif topology.world_size > 1:
             self._start_process_group(topology, cpu, launch, kwargs)
@@ -133,10 +138,12 @@ class PartialState:
             self.process_index = 0
             self.local_process_index = 0
             self.device = _choose_device(cpu, 0, 1)
-        self.distributed_type = _distributed_type_for(self.backend, self.num_processes)
+        self.distributed_type = (
+            DistributedType.XLA if xla else _distributed_type_for(self.backend, self.num_processes)
+        )
         self.use_cpu = cpu or self.device.type == "cpu"
         self._check_launch_expectations(launch)
-        if self.use_distributed:
+        if self.use_distributed and not xla:  # the watchdog's handshakes run on gloo/NCCL groups
             start_watchdog(self, watch)
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -147,6 +154,18 @@ class PartialState:
         same_world = topology.world_size == self.num_processes
         self.local_process_index = topology.local_rank if same_world else self.process_index
         self.device = _choose_device(cpu or self.backend == "gloo", self.local_process_index, 2)
+
+    def _start_xla(self) -> None:
+        global _owns_process_group
+        self.device = xla_runtime.device()
+        self.num_processes = xla_runtime.world_size()
+        self.process_index = xla_runtime.global_ordinal()
+        self.local_process_index = xla_runtime.local_ordinal()
+        self.backend = None
+        if self.num_processes > 1:
+            xla_runtime.start_process_group()
+            self.backend = xla_runtime.XLA_BACKEND
+            _owns_process_group = True
 
     def _start_process_group(
         self, topology: Topology, cpu: bool, launch: dict[str, Any], kwargs: dict[str, Any]
@@ -419,9 +438,21 @@ class AcceleratorState:
                     "process, or call cadence.state.reset_state() between trainings."
                 )
             return
+        launch = read_launch_config()
+        if (
+            (fsdp_plugin is not None or parallelism_config is not None)
+            and not PartialState._shared_state
+            and xla_runtime.xla_requested(resolve_flag("use_cpu", cpu, launch).value, launch)
+        ):
+            # An SPMD layout over the XLA devices, checked first; torch_xla must switch to SPMD before
+            # the device is first used.
+            plan = spmd_plan(
+                fsdp_plugin, parallelism_config, xla_runtime.world_size(), xla_runtime.device_count
+            )
+            if plan is not None:
+                xla_runtime.start_spmd()
         partial = PartialState(cpu, **kwargs)
         self.__dict__.update(partial.__dict__)
-        launch = read_launch_config()
         self._mixed_precision = resolve_mixed_precision(mixed_precision, launch)
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin
@@ -432,7 +463,8 @@ class AcceleratorState:
         self.device_mesh = None
         self.partial_state = partial
         plugins = (fsdp_plugin, deepspeed_plugin, parallelism_config)
-        if any(plugin is not None for plugin in plugins):
+        # On XLA the FSDP plugin / ParallelismConfig choose an SPMD layout (strategies/xla.py).
+        if any(p is not None for p in plugins) and self.distributed_type != DistributedType.XLA:
             try:
                 configure_state(self, ParallelPlugins(*plugins))
             except BaseException:

@@ -207,7 +207,7 @@ class Preparer:
         # A model dispatched with a device map stays where its hooks put it.
         placement = self.device_placement if device_placement is None else device_placement
         if placement and not verify_device_map(model):
-            model = model.to(self._device)
+            model = self.strategy.place_model(model)
         self.strategy.precision.wrap_forward(model)
         if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
             # Compiled inside the DDP wrapper: dynamo does not trace through DDP's own forward.
@@ -305,7 +305,7 @@ class Preparer:
         )
         prepared.resume_exact_order = config.resume_exact_order  # read when a state is loaded
         self.prepared.dataloaders.append(prepared)
-        return prepared
+        return self.strategy.wrap_data_loader(prepared)
 
     def _check_optimizers_match_models(self, optimizers: list[Any]) -> None:
         if not self.prepared.models or not optimizers:

@@ -27,6 +27,7 @@ from ..precision_choice import (
     parse_mixed_precision,
 )
 from ..settings import Resolved, resolve, resolve_flag
+from ..xla_runtime import xla_requested
 
 # Constructor arguments of older releases that still reach us through user scripts.
 _DATALOADER_ALIASES = ("dispatch_batches", "even_batches", "use_seedable_sampler")
@@ -93,6 +94,9 @@ class AcceleratorSettings:
         sources["use_cpu"] = resolve_flag("use_cpu", args["cpu"], launch)
         sources["debug"] = resolve_flag("debug", None, launch)
         mixed_precision = parse_mixed_precision(sources["mixed_precision"].value)
+        xla = xla_requested(bool(sources["use_cpu"].value), launch)
+        if xla and (args["deepspeed_plugins"] or args["deepspeed_plugin"]):
+            raise _xla_deepspeed_error()
         parallel = resolve_parallel_plugins(
             fsdp_plugin=args["fsdp_plugin"],
             deepspeed_plugins=args["deepspeed_plugins"] or args["deepspeed_plugin"],
@@ -114,10 +118,12 @@ class AcceleratorSettings:
         # The device is not known yet; the strategy checks it again once it is.
         check_precision_supported(
             mixed_precision,
-            device_type="cpu" if args["cpu"] else None,
+            device_type="xla" if xla else "cpu" if args["cpu"] else None,
             engine="deepspeed" if parallel.deepspeed_plugins else None,
             fp8_backend=fp8_handler_backend(fp8_handler),
         )
+        if xla and parallel.deepspeed_plugins:  # asked for through the launcher or the environment
+            raise _xla_deepspeed_error()
         return cls(
             device_placement=bool(args["device_placement"]),
             mixed_precision=args["mixed_precision"],  # AcceleratorState resolves it the same way
@@ -231,6 +237,14 @@ def _accumulation_plugin(
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}.")
     return GradientAccumulationPlugin(num_steps=steps)
+
+
+def _xla_deepspeed_error() -> ValueError:
+    return ValueError(
+        "DeepSpeed does not run on XLA devices (TPU): drop the DeepSpeed plugin, or train on GPUs/CPU "
+        "(cpu=True, or CADENCE_USE_XLA=0 to keep torch_xla out). On XLA, shard with an FSDP plugin "
+        "(FSDPv2 through SPMD)."
+    )
 
 
 def _rng_types(rng_types: Any) -> list[str]:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import xla_runtime
 from .errors import CheckpointCorruptError, UnsafeCheckpointError
 
 if TYPE_CHECKING:
@@ -251,6 +252,10 @@ def save(obj: Any, f: str | os.PathLike | io.IOBase, safe_serialization: bool = 
     """
     import torch
 
+    if (
+        xla_runtime.loaded()
+    ):  # as the reference's xm.save: files hold CPU tensors, readable anywhere
+        obj = _xla_tensors_to_cpu(obj)
     if safe_serialization:
         if not _is_tensor_dict(obj):
             raise TypeError(
@@ -270,6 +275,19 @@ def save(obj: Any, f: str | os.PathLike | io.IOBase, safe_serialization: bool = 
         _replace_atomically(f, lambda tmp: torch.save(obj, tmp))
     else:
         torch.save(obj, f)
+
+
+def _xla_tensors_to_cpu(obj: Any) -> Any:
+    """`obj` with every tensor on an XLA device replaced by a CPU copy (nesting kept)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu") if obj.device.type == "xla" else obj
+    if isinstance(obj, Mapping):
+        return type(obj)({key: _xla_tensors_to_cpu(value) for key, value in obj.items()})
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_xla_tensors_to_cpu(item) for item in obj)
+    return obj
 
 
 def _replace_atomically(path: str | os.PathLike, write) -> None:
@@ -353,6 +371,8 @@ def capture_rng_state(step: int | None = None) -> dict[str, Any]:
     for device_type in _accelerator_types():
         module = getattr(torch, device_type)
         state[f"torch_{device_type}_manual_seed"] = module.get_rng_state_all()
+    if xla_runtime.loaded():  # the XLA generator, under the reference's key
+        state["xm_seed"] = xla_runtime.get_rng_state()
     return state
 
 
@@ -383,6 +403,11 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
         keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
         np.random.set_state((kind, keys.astype(np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch_manual_seed"])
+    if "xm_seed" in state:
+        if xla_runtime.loaded():
+            xla_runtime.set_rng_state(int(state["xm_seed"]))
+        else:
+            logger.warning("Checkpoint has an XLA RNG state but torch_xla is not in use; skipped.")
     for key, value in state.items():
         if key.startswith("torch_") and key.endswith("_manual_seed") and key != "torch_manual_seed":
             device_type = key[len("torch_") : -len("_manual_seed")]

@@ -85,6 +85,13 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     for name in ("func", "accepts_unknown", "dry_run", "command"):
         if hasattr(args, name):
             delattr(args, name)
+    from .launch_xla import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        wants_xla,
+        xla_launch,
+    )
+
+    if wants_xla(args):  # --tpu, or a config file's distributed_type XLA: torch_xla's launcher
+        return xla_launch(args, dry_run)
     try:
         plan = build_plan(args)
     except LaunchPlanError as err:
@@ -189,16 +196,22 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
 
 
 def tpu_launcher(args: argparse.Namespace) -> None:
-    """Launch on a TPU VM (unsupported: Cadence runs on CPUs and GPUs)."""
-    from ..unsupported.torch_xla import (
-        tpu_launcher as unsupported_tpu_launcher,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    """Run the script's main function on this host's XLA devices through torch_xla, and wait."""
+    from .launch_xla import (
+        xla_launch,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
 
-    unsupported_tpu_launcher(args)
+    code = xla_launch(args)
+    if code:
+        import subprocess
+
+        raise subprocess.CalledProcessError(
+            returncode=code, cmd=["cadence", "launch", "--tpu", str(args.training_script)]
+        )
 
 
 def tpu_pod_launcher(args: argparse.Namespace) -> None:
-    """Launch on a TPU pod (unsupported: Cadence runs on CPUs and GPUs)."""
+    """Launch on a TPU pod (unsupported: run `cadence launch --tpu` on every host of the pod)."""
     from ..unsupported.torch_xla import (
         tpu_pod_launcher as unsupported_tpu_pod_launcher,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )

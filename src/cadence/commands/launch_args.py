@@ -57,12 +57,6 @@ DEEPSPEED_MULTINODE_LAUNCHERS = (
 # Reference flags Cadence recognises but cannot honour: using one is a clear error, not "unknown flag".
 # A name ending in "_" covers every flag starting with it.
 UNSUPPORTED_FLAG_PREFIXES = {
-    "--tpu": "TPU/XLA launching is not supported by Cadence",
-    "--tpu_cluster": "TPU/XLA launching is not supported by Cadence",
-    "--tpu_use_sudo": "TPU/XLA launching is not supported by Cadence",
-    "--no_tpu_cluster": "TPU/XLA launching is not supported by Cadence",
-    "--vm": "TPU pod launching is not supported by Cadence",
-    "--env": "TPU pod launching is not supported by Cadence",
     "--use_megatron_lm": "Megatron-LM is not supported by Cadence",
     "--megatron_lm_": "Megatron-LM is not supported by Cadence",
     "--fp8_": "FP8 recipe flags are not supported by Cadence yet",
@@ -187,6 +181,17 @@ def build_launch_parser(
     add(resources, "--dynamo_use_regional_compilation", action="store_true",
         help="Compile repeated blocks once.")  # fmt: skip
     add(resources, "--gradient_accumulation_steps", type=int, help="Gradient accumulation steps.")
+
+    add(hardware, "--tpu", action="store_true",
+        help="Run the script's main function on this host's XLA devices (TPU) through torch_xla.")  # fmt: skip
+    tpu = parser.add_argument_group("TPU (with --tpu; multi-host pods are not launched by Cadence)")
+    add(tpu, "--tpu_cluster", action="store_true", dest="tpu_use_cluster",
+        help="Launch on a TPU pod (not supported: run `cadence launch --tpu` on every host).")  # fmt: skip
+    add(tpu, "--no_tpu_cluster", action="store_false", dest="tpu_use_cluster",
+        help="Launch on this TPU VM only (the default).")  # fmt: skip
+    add(tpu, "--tpu_use_sudo", action="store_true", help="Pod launch with sudo (not supported).")
+    add(tpu, "--vm", action="append", help="Pod host names (not supported).")
+    add(tpu, "--env", action="append", help="Pod environment variables (not supported).")
 
     paradigm = parser.add_argument_group("Training paradigm")
     add(paradigm, "--use_deepspeed", action="store_true", help="Train with DeepSpeed.")

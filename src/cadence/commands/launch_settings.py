@@ -192,9 +192,12 @@ def config_values(config: config_files.ClusterConfig, notes: list[str]) -> dict[
 
 
 def read_config(
-    explicit: dict[str, Any], env: Mapping[str, str]
+    explicit: dict[str, Any], env: Mapping[str, str], allow_xla: bool = False
 ) -> tuple[config_files.ClusterConfig | None, Setting]:
-    """The config file named by the flag, CADENCE_CONFIG_FILE, or the default location (when present)."""
+    """The config file named by the flag, CADENCE_CONFIG_FILE, or the default location (when present).
+
+    `allow_xla`: the XLA launcher (`launch_xla`) reads `distributed_type: XLA` files; the torchrun plan
+    refuses them with a message pointing to `--tpu`."""
     if "config_file" in explicit:
         path, source = explicit["config_file"], FLAG
     elif env.get("CADENCE_CONFIG_FILE"):
@@ -220,10 +223,16 @@ def read_config(
             f"The config file {path} is for Amazon SageMaker, which cadence launch cannot start. "
             "Use a LOCAL_MACHINE config (`cadence config`)."
         )
-    if loaded.distributed_type in ("XLA", "MEGATRON_LM"):
+    if loaded.distributed_type == "XLA" and not allow_xla:
+        raise LaunchPlanError(
+            f"The config file {path} asks for distributed_type XLA, which runs through torch_xla's "
+            "launcher, but --cpu, --multi_gpu, --use_fsdp or --use_deepspeed was typed. Nothing was started: drop that flag "
+            "to launch on XLA, or use a config file of another type."
+        )
+    if loaded.distributed_type == "MEGATRON_LM":
         raise LaunchPlanError(
             f"The config file {path} asks for distributed_type {loaded.distributed_type}, which Cadence does "
-            "not support. Use MULTI_GPU, MULTI_CPU, FSDP, DEEPSPEED or NO."
+            "not support. Use MULTI_GPU, MULTI_CPU, FSDP, DEEPSPEED, XLA or NO."
         )
     return loaded, Setting(str(path), source)
 

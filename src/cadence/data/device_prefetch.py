@@ -87,6 +87,12 @@ def batch_transfer(sample_batch: Any, device: Any, non_blocking: bool) -> _Trans
     """How to move batches like `sample_batch` to `device`: prefetched on a side stream to CUDA, as
     before elsewhere (decided once per epoch, from its first batch)."""
     move = device_mover(sample_batch, device, non_blocking)
+    if move is not None and torch.device(device).type == "xla":
+        from .xla_transfer import (
+            XlaTransfer,  # deferred: torch_xla loads only when batches go to an XLA device
+        )
+
+        return XlaTransfer(torch.device(device))  # type: ignore[return-value]
     if move is not None and torch.device(device).type == "cuda":
         target = torch.device(device)
         if target.index is None:

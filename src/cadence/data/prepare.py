@@ -171,7 +171,8 @@ def prepare_data_loader(
             if split_batches and not dispatch_batches
             else dataloader.batch_size
         )
-    device = device if put_on_device and state.distributed_type != DistributedType.XLA else None
+    # On XLA too: the loader moves its batches itself (data/xla_transfer), one batch ahead, in order.
+    device = device if put_on_device else None
     if dispatch_batches:
         kwargs.pop("generator")
         if sampler_is_batch_sampler:

@@ -141,6 +141,8 @@ def setup_device_mesh(state: Any) -> None:
     """Check the AcceleratorState's ParallelismConfig against the processes and build its device mesh
     (collective: every rank calls it)."""
     config = state.parallelism_config
+    if state.distributed_type == DistributedType.XLA:
+        return  # an SPMD mesh over the XLA devices, built by the XLA strategy
     config.validate(
         state.num_processes, state.distributed_type, state.is_fsdp2, state.is_main_process
     )

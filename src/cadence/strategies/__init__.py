@@ -46,6 +46,8 @@ def select_precision(context: StrategyContext, request: PrecisionRequest) -> Pre
         return Precision()
     if request.mixed_precision == "fp8":
         return _float8_precision(context, request)
+    if context.distributed_type == DistributedType.XLA:  # bf16 through torch.autocast("xla")
+        return AutocastPrecision.build(request, context.device)
     sharded = context.distributed_type == DistributedType.FSDP or (
         context.parallelism_config is not None and context.parallelism_config.tp_enabled
     )
@@ -74,6 +76,10 @@ def select_strategy(
     """The strategy for the backend in `context`, holding the precision policy chosen for it."""
     precision = select_precision(context, request)
     distributed_type = context.distributed_type
+    if distributed_type == DistributedType.XLA:
+        from .xla import XLAStrategy  # deferred: torch_xla loads only when an XLA device is used
+
+        return XLAStrategy(context, precision, prepared)
     if distributed_type == DistributedType.FSDP:
         if context.fsdp_plugin.fsdp_version == 1:
             from .fsdp1 import FSDP1Strategy

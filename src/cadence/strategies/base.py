@@ -30,6 +30,14 @@ class Strategy:
         self.precision = precision
         self.prepared = prepared
 
+    def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move `model` to this process's device (before it is wrapped); returns it."""
+        return model.to(self.context.device)
+
+    def wrap_data_loader(self, loader: Any) -> Any:
+        """The prepared dataloader as the training loop reads it (unchanged here)."""
+        return loader
+
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
         """Return the model to train with; the single-process strategy returns it unchanged."""
         return model

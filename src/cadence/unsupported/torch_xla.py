@@ -1,4 +1,6 @@
-"""torch_xla / TPU names: present so scripts import; every use raises (Cadence drives CPU and GPU)."""
+"""TPU tooling Cadence does not drive: installing torch_xla in a Colab runtime, launching on multi-host
+TPU pods and `tpu-config`. Present so scripts import; every use raises. (Training on XLA devices itself
+is supported: `strategies/xla.py`, `cadence launch --tpu`.)"""
 
 from __future__ import annotations
 
@@ -6,23 +8,16 @@ from typing import Any
 
 from . import unsupported
 
-FEATURE = "TPU / torch_xla support"
-INSTEAD = "Cadence runs on CPUs and CUDA/ROCm/XPU GPUs through torch.distributed."
+FEATURE = "the TPU tooling (torch_xla installation in Colab, multi-host TPU pods, tpu-config)"
+INSTEAD = (
+    "Install torch_xla with pip yourself; Cadence trains on one host's XLA devices "
+    "(`cadence launch --tpu script.py`, run on every host of a pod)."
+)
 
 
 def install_xla(upgrade: bool = False) -> None:
     """Install torch_xla in a Colab TPU runtime (unsupported)."""
     unsupported("install_xla", FEATURE, INSTEAD)
-
-
-def prepare_tpu(args: Any, current_env: dict[str, str], pod: bool = False) -> Any:
-    """Environment for a TPU launch (unsupported)."""
-    return unsupported("prepare_tpu", FEATURE, INSTEAD)
-
-
-def tpu_launcher(args: Any) -> None:
-    """Launch a script on a TPU VM (unsupported)."""
-    unsupported("tpu_launcher", FEATURE, INSTEAD)
 
 
 def tpu_pod_launcher(args: Any) -> None:

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import torch
 
+from .. import xla_runtime
 from ..collectives import broadcast
 from ..enums import RNGType
 from ..state import PartialState
@@ -31,6 +32,8 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     # Lazy in torch (applied when CUDA initialises): asking `is_available()` here would create the
     # CUDA driver state that breaks notebook_launcher's fork.
     torch.cuda.manual_seed_all(seed)
+    if xla_runtime.loaded():  # the XLA generator too, once torch_xla is in use
+        xla_runtime.set_rng_state(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 
@@ -54,6 +57,9 @@ def synchronize_rng_state(
                 "synchronize_rng_state(RNGType.GENERATOR) needs the generator to synchronise."
             )
         rng_state = generator.get_state()
+    elif rng_type == RNGType.XLA and xla_runtime.loaded():
+        seed = xla_runtime.get_rng_state()  # an unsigned 64-bit seed, carried as int64
+        rng_state = torch.tensor([seed - 2**64 if seed >= 2**63 else seed], dtype=torch.int64)
     else:
         raise ValueError(f"RNG type {rng_type.value!r} is not available on this machine.")
 
@@ -62,6 +68,8 @@ def synchronize_rng_state(
     rng_state = rng_state.cpu()
     if rng_type == RNGType.TORCH:
         torch.set_rng_state(rng_state)
+    elif rng_type == RNGType.XLA:
+        xla_runtime.set_rng_state(int(rng_state[0]) % 2**64)
     elif rng_type == RNGType.CUDA:
         torch.cuda.set_rng_state(rng_state)
     else:
