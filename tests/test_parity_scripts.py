@@ -1,0 +1,74 @@
+"""Behaviours the reference's distributed test scripts (`accelerate/test_utils/scripts`, run translated
+to `cadence` as an external check) rely on, each tested here on its own, across real processes where
+it is about several processes:
+
+- `from accelerate.accelerator import Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin`
+  (test_sync.py, test_distributed_data_loop.py): the configuration classes import from the
+  Accelerator's module path;
+- `AcceleratorState._reset_state()` under a live Accelerator (test_script.py): `prepare()` fails early
+  with the reference's "`AcceleratorState` object has no attribute" error, and the stale state object
+  can still barrier, split and `destroy_process_group()`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_configuration_classes_import_from_the_accelerator_module_path():
+    import cadence
+    import cadence.utils
+    from cadence.accelerator import (
+        Accelerator,
+        DataLoaderConfiguration,
+        DeepSpeedPlugin,
+        DistributedType,
+        FullyShardedDataParallelPlugin,
+        GradientAccumulationPlugin,
+        GradientState,
+        ProjectConfiguration,
+    )
+
+    assert Accelerator is cadence.Accelerator
+    assert DataLoaderConfiguration is cadence.DataLoaderConfiguration
+    assert GradientAccumulationPlugin is cadence.GradientAccumulationPlugin
+    assert ProjectConfiguration is cadence.ProjectConfiguration
+    assert DeepSpeedPlugin is cadence.DeepSpeedPlugin
+    assert FullyShardedDataParallelPlugin is cadence.FullyShardedDataParallelPlugin
+    assert DistributedType is cadence.utils.DistributedType
+    assert GradientState is cadence.state.GradientState
+
+
+def test_prepare_after_the_state_was_reset_names_the_reset():
+    from cadence import Accelerator
+    from cadence.state import AcceleratorState
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(1, 1)
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError) as caught:
+        accelerator.prepare(model)
+    message = str(caught.value.args[0])
+    assert "`AcceleratorState` object has no attribute" in message
+    assert "This happens if `AcceleratorState._reset_state()`" in message
+    assert not hasattr(model, "_is_accelerator_prepared")  # nothing was prepared
+
+
+def stale_state_still_controls_the_processes():
+    from cadence import Accelerator
+    from cadence.state import AcceleratorState
+
+    state = Accelerator(cpu=True).state
+    AcceleratorState._reset_state()
+    with state.split_between_processes(list(range(4))) as share:
+        mine = list(share)
+    state.wait_for_everyone()
+    with state.main_process_first():
+        pass
+    state.destroy_process_group()  # the pool's group is not Cadence's: left alone, no error
+    return mine
+
+
+def test_a_reset_accelerator_state_still_splits_waits_and_ends(dist_pool):
+    assert dist_pool(2).run(stale_state_still_controls_the_processes) == [[0, 1], [2, 3]]
