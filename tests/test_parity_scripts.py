@@ -72,3 +72,29 @@ def stale_state_still_controls_the_processes():
 
 def test_a_reset_accelerator_state_still_splits_waits_and_ends(dist_pool):
     assert dist_pool(2).run(stale_state_still_controls_the_processes) == [[0, 1], [2, 3]]
+
+
+def join_under_another_backend():
+    import warnings
+
+    from cadence import Accelerator, DistributedType
+
+    accelerator = Accelerator(cpu=True)
+    original = accelerator.state.distributed_type
+    # As test_distributed_data_loop.py does: the state says FSDP, whose models torch's Join cannot take.
+    accelerator.state.distributed_type = DistributedType.FSDP
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with accelerator.join_uneven_inputs(
+                [torch.nn.Linear(1, 1)]
+            ):  # not joinable: never joined
+                pass
+    finally:
+        accelerator.state.distributed_type = original
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_join_uneven_inputs_warns_and_does_nothing_outside_ddp(dist_pool):
+    for messages in dist_pool(2).run(join_under_another_backend):
+        assert len(messages) == 1 and "only supported for multi-GPU" in messages[0]

@@ -441,6 +441,7 @@ class Accelerator:
             use_distributed=self.use_distributed,
             dataloaders=self._prepared.dataloaders,
             default_even_batches=self.even_batches,
+            distributed_type=self.distributed_type,
         ):
             yield
 
