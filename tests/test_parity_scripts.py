@@ -98,3 +98,19 @@ def join_under_another_backend():
 def test_join_uneven_inputs_warns_and_does_nothing_outside_ddp(dist_pool):
     for messages in dist_pool(2).run(join_under_another_backend):
         assert len(messages) == 1 and "only supported for multi-GPU" in messages[0]
+
+
+def pickled_accelerator_state_matches():
+    import pickle
+
+    from cadence import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.utils.data.DataLoader(list(range(32)), batch_size=4))
+    copy = pickle.loads(pickle.dumps(accelerator))
+    # What test_distributed_data_loop.py compares: the copy describes the same process.
+    return accelerator.state.__dict__ == copy.state.__dict__, copy.state.process_index
+
+
+def test_a_pickled_accelerator_has_an_equal_state(dist_pool):
+    assert dist_pool(2).run(pickled_accelerator_state_matches) == [(True, 0), (True, 1)]

@@ -236,6 +236,16 @@ class PartialState:
             f"Device: {self.device}\n"
         )
 
+    # Equal when they describe the same process: every instance shares one state, and a pickled copy
+    # (inside a pickled Accelerator) holds the same values. All instances hash alike, consistently.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PartialState):
+            return NotImplemented
+        return self.__dict__ is other.__dict__ or self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(PartialState)
+
     @classmethod
     def _reset_state(cls) -> None:
         cls._shared_state.clear()
