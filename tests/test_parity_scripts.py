@@ -114,3 +114,42 @@ def pickled_accelerator_state_matches():
 
 def test_a_pickled_accelerator_has_an_equal_state(dist_pool):
     assert dist_pool(2).run(pickled_accelerator_state_matches) == [(True, 0), (True, 1)]
+
+
+CATCHES_CHILD_FAILED = """
+import sys
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from cadence import notebook_launcher
+
+def bipolar():
+    from cadence import PartialState
+    if PartialState().process_index == 0:
+        raise RuntimeError("I'm an even process.")
+
+if __name__ == "__main__":
+    try:
+        notebook_launcher(bipolar, (), num_processes=2, use_port=sys.argv[1])
+    except ChildFailedError as error:  # what test_notebook.py catches
+        print("caught:", str(error).splitlines()[0], "| failed ranks:", sorted(error.failures))
+        print("root cause in message:", "I'm an even process." in str(error))
+"""
+
+
+def test_a_failed_notebook_launch_is_torchs_child_failed_error(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from harness import free_port
+
+    script = tmp_path / "catch.py"
+    script.write_text(CATCHES_CHILD_FAILED)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # CPU workers (gloo)
+    result = subprocess.run(
+        [sys.executable, str(script), str(free_port())],
+        capture_output=True, text=True, timeout=180, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "caught: notebook_launcher: rank 0 failed (exit code 1)" in result.stdout
+    assert "failed ranks: [0]" in result.stdout
+    assert "root cause in message: True" in result.stdout
