@@ -16,7 +16,7 @@ so importing it stays cheap).
 | `LaunchConfigError` | RuntimeError | the launcher's settings record is unreadable |
 | `LaunchPlanError` | ValueError | `cadence launch` flags, variables or config file conflict |
 | `ConfigFileError` | ValueError | a config file cannot be read |
-| `WorkerProcessesFailed` | RuntimeError | a worker of notebook_launcher / debug_launcher failed |
+| `WorkerProcessesFailed` | torch's ChildFailedError, RuntimeError | a worker of notebook_launcher / debug_launcher failed |
 
 Example::
 

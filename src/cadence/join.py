@@ -6,6 +6,12 @@ import contextlib
 import warnings
 from typing import Any
 
+from .enums import DistributedType
+
+# Torch's Join works with DistributedDataParallel, which Cadence uses on several GPUs and on several CPU
+# processes (the reference joins on GPUs only).
+_JOINABLE_TYPES = (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
+
 
 @contextlib.contextmanager
 def join_uneven_inputs(
@@ -15,11 +21,21 @@ def join_uneven_inputs(
     use_distributed: bool,
     dataloaders: list[Any],
     default_even_batches: bool,
+    distributed_type: DistributedType = DistributedType.MULTI_CPU,
 ):
     """Run the block under torch's `Join` when ranks may see different numbers of batches.
 
-    `even_batches` overrides the prepared map-style `dataloaders`' setting inside the block."""
-    if not use_distributed:
+    `even_batches` overrides the prepared map-style `dataloaders`' setting inside the block. Other
+    backends than DDP (FSDP, DeepSpeed, ...) get a warning and no join, as in the reference."""
+    if not use_distributed or distributed_type not in _JOINABLE_TYPES:
+        if distributed_type != DistributedType.NO:
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU training (and, in Cadence, "
+                f"several CPU processes) with DDP, not with {getattr(distributed_type, 'value', distributed_type)}: as a result "
+                "`join_uneven_inputs` will have no effect.",
+                UserWarning,
+                stacklevel=3,
+            )
         yield
         return
     from torch.distributed.algorithms.join import Join

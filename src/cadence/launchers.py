@@ -13,6 +13,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 from .cuda_probe import (
     NVML_CHECK_ENV,
     cuda_compute_capability,
@@ -35,8 +37,21 @@ from .state import AcceleratorState, PartialState, resolve_mixed_precision
 from .xla_runtime import planned_device_kind, xla_requested
 
 
-class WorkerProcessesFailed(RuntimeError):
-    """A worker process of notebook_launcher / debug_launcher failed; the message names the root cause."""
+class WorkerProcessesFailed(ChildFailedError, RuntimeError):
+    """A worker process of notebook_launcher / debug_launcher failed; the message names the root cause.
+
+    It is torch's `ChildFailedError` (what the reference's notebook_launcher raises, and what scripts
+    catch), with `name` and `failures` from torch, and Cadence's summary as its message."""
+
+    def __init__(
+        self, summary: str, name: str = "", failures: dict[int, Any] | None = None
+    ) -> None:
+        self.name = name
+        self.failures = dict(failures or {})
+        Exception.__init__(self, summary)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @contextmanager
@@ -142,7 +157,6 @@ def _launch_with_elastic_agent(
     import tempfile
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     log_dir = tempfile.mkdtemp(prefix="cadence-launch-")
@@ -193,7 +207,7 @@ def _launch_with_elastic_agent(
             summary = format_failure_summary(
                 failures, list(range(num_processes)), log_dir=log_dir, title="notebook_launcher"
             )
-            raise WorkerProcessesFailed(summary) from error
+            raise WorkerProcessesFailed(summary, error.name, error.failures) from error
 
 
 def _launch_on_xla(

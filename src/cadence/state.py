@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -254,6 +255,16 @@ class PartialState:
             f"Device: {self.device}\n"
         )
 
+    # Equal when they describe the same process: every instance shares one state, and a pickled copy
+    # (inside a pickled Accelerator) holds the same values. All instances hash alike, consistently.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PartialState):
+            return NotImplemented
+        return self.__dict__ is other.__dict__ or self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(PartialState)
+
     @classmethod
     def _reset_state(cls) -> None:
         cls._shared_state.clear()
@@ -480,6 +491,38 @@ class AcceleratorState:
     is_local_main_process = PartialState.is_local_main_process
     is_last_process = PartialState.is_last_process
     num_machines = PartialState.num_machines
+
+    # -- execution control: the process's PartialState, which outlives `AcceleratorState._reset_state()`
+    # (as in the reference, a script may reset this state and still end with `state.destroy_process_group()`).
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group (see `PartialState.destroy_process_group`)."""
+        PartialState().destroy_process_group(group)
+
+    def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
+        """Block until every process reaches this point (see `PartialState.wait_for_everyone`)."""
+        PartialState().wait_for_everyone(timeout)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """Print once per machine (see `PartialState.print`)."""
+        PartialState().print(*args, **kwargs)
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's share of `inputs` (see `PartialState.split_between_processes`)."""
+        with PartialState().split_between_processes(inputs, apply_padding=apply_padding) as share:
+            yield share
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first (see `PartialState.main_process_first`)."""
+        with PartialState().main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each machine's main process first (see `PartialState`)."""
+        with PartialState().local_main_process_first():
+            yield
 
     @property
     def mixed_precision(self) -> str:

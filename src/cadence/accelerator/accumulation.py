@@ -32,10 +32,15 @@ class GradientAccumulation:
         self.step = 0
         # Micro-batches in the window that ends with this step (0 while the window is still open).
         self.micro_steps_in_window = 0
+        # Inside `accumulate()` only: a dataloader's last, shorter window is reweighted, once per window,
+        # by the backward calls of the micro-step that closes it (never by a backward outside the block).
+        self._in_micro_step = False
+        self._window_reweighted = False
 
     def begin_micro_step(self) -> None:
         """Advance the counter and decide whether this micro-step synchronises gradients."""
         state = self.gradient_state
+        self._window_reweighted = False
         steps = state.num_steps
         if state.sync_with_dataloader and state.end_of_dataloader:
             self.micro_steps_in_window = self.step % steps + 1
@@ -59,7 +64,11 @@ class GradientAccumulation:
             if not allow_sync:
                 for model in models:
                     stack.enter_context(self.strategy.no_sync(model))
-            yield
+            self._in_micro_step = True
+            try:
+                yield
+            finally:
+                self._in_micro_step = False
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Divide the loss for accumulation, run the strategy's backward, fix up a short last window."""
@@ -69,8 +78,11 @@ class GradientAccumulation:
             )
         steps = self.gradient_state.num_steps
         strategy = self.strategy
+        factor = self._short_window_factor(steps)
         if steps > 1 and strategy.divides_loss_for_accumulation:
-            loss = loss / steps
+            # A further backward of a micro-step whose window was already reweighted: divide by the
+            # micro-steps the window really holds, so every loss of the window counts the same.
+            loss = loss / (steps / factor if self._window_reweighted else steps)
         syncs = self.gradient_state.sync_gradients
         if self.prepared.models and syncs and strategy.context.use_distributed:
             # The wrapped model all-reduces gradients during backward: the watchdog must see it.
@@ -78,10 +90,22 @@ class GradientAccumulation:
                 strategy.backward(loss, **kwargs)
         else:
             strategy.backward(loss, **kwargs)
-        if not strategy.divides_loss_for_accumulation or not self.gradient_state.adjust_last_window:
-            return
-        if syncs and 0 < self.micro_steps_in_window < steps:
-            self._reweight_partial_window(steps / self.micro_steps_in_window)
+        if factor != 1.0 and not self._window_reweighted:
+            self._reweight_partial_window(factor)
+            self._window_reweighted = True
+
+    def _short_window_factor(self, steps: int) -> float:
+        """`num_steps / micro-steps` when this backward closes a dataloader's shorter last window
+        inside `accumulate()` (and the reweighting is on), else 1."""
+        if (
+            not self._in_micro_step
+            or not self.strategy.divides_loss_for_accumulation
+            or not self.gradient_state.adjust_last_window
+            or not self.gradient_state.sync_gradients
+            or not 0 < self.micro_steps_in_window < steps
+        ):
+            return 1.0
+        return steps / self.micro_steps_in_window
 
     def _reweight_partial_window(self, factor: float) -> None:
         # The last window of a dataloader holds fewer than N micro-batches, each divided by N: rescale

@@ -224,6 +224,12 @@ class Accelerator:
         self.dataloader_config.even_batches = value
 
     @property
+    def deepspeed_engine_wrapped(self) -> Any:
+        """The `DeepSpeedEngineWrapper` that `backward()` drives: the first engine this Accelerator
+        prepared (None before that, and without DeepSpeed)."""
+        return getattr(self._strategy, "engine_wrapper", None)
+
+    @property
     def fp8_backend(self) -> FP8BackendType:
         """The backend of fp8 training (AO for torchao, TE), or NO when the precision is not fp8."""
         return FP8BackendType(getattr(self._strategy.precision, "fp8_backend", "NO"))
@@ -298,6 +304,9 @@ class Accelerator:
     # -- preparing objects ------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, schedulers and dataloaders (any order); return them in that order."""
+        # The strategy was fixed at construction, but a state reset since then means the user broke this
+        # Accelerator: reading the state raises the reference's "`_reset_state()` was called" error.
+        self.state.distributed_type  # noqa: B018
         result = self._preparer.prepare(args, device_placement)
         return result[0] if len(result) == 1 else result
 
@@ -432,6 +441,7 @@ class Accelerator:
             use_distributed=self.use_distributed,
             dataloaders=self._prepared.dataloaders,
             default_even_batches=self.even_batches,
+            distributed_type=self.distributed_type,
         ):
             yield
 

@@ -32,6 +32,9 @@ class StrategyContext:
     mixed_precision: str
     fsdp_plugin: Any = None
     deepspeed_plugin: Any = None
+    # Several named DeepSpeed plugins (`Accelerator(deepspeed_plugins={...})`): the one selected when a
+    # model is prepared (`AcceleratorState.select_deepspeed_plugin`) configures its engine.
+    deepspeed_plugins: Any = None
     parallelism_config: Any = None
     ddp_handler: Any = None
     # Needed by engines that build data loaders and schedulers themselves (DeepSpeed).
@@ -66,6 +69,7 @@ class StrategyContext:
             mixed_precision=state.mixed_precision,
             fsdp_plugin=state.fsdp_plugin,
             deepspeed_plugin=state.deepspeed_plugin,
+            deepspeed_plugins=getattr(state, "deepspeed_plugins", None),
             parallelism_config=state.parallelism_config,
             ddp_handler=ddp_handler,
             split_batches=split_batches,

@@ -86,7 +86,13 @@ class DeepSpeedStrategy(Strategy):
 
     @property
     def plugin(self) -> Any:
-        """The active DeepSpeedPlugin."""
+        """The active DeepSpeedPlugin: with several named plugins, the one selected now
+        (`AcceleratorState.select_deepspeed_plugin`), which configures the next engine prepared."""
+        plugins = self.context.deepspeed_plugins
+        if isinstance(plugins, dict):
+            for plugin in plugins.values():
+                if plugin.selected:
+                    return plugin
         return self.context.deepspeed_plugin
 
     # -- prepare ----------------------------------------------------------------------------------
@@ -120,12 +126,16 @@ class DeepSpeedStrategy(Strategy):
             kinds,
             prepare_one,
         )
-        if self.engine_wrapper is not None:
+        # backward() drives the first engine this Accelerator prepared, as in the reference: a second
+        # model prepared later (e.g. a frozen one under another plugin) must not take over the training.
+        if self.engine_wrapper is None:
+            self.engine_wrapper = DeepSpeedEngineWrapper(engine)
+        else:
             logger.warning(
-                "This Accelerator already holds a DeepSpeed engine; backward() now drives the new one. "
-                "Use one Accelerator per model."
+                "A wrapped DeepSpeed engine reference is currently tied for this `Accelerator()` "
+                "instance: backward() keeps driving the first engine prepared. To call backward() for "
+                "the new model, create a separate `Accelerator()` and prepare it there."
             )
-        self.engine_wrapper = DeepSpeedEngineWrapper(engine)
         for obj in result:
             if obj is engine:
                 self.prepared.models.append(obj)
@@ -168,7 +178,7 @@ class DeepSpeedStrategy(Strategy):
         # ZeRO 2/3 partition gradients while accumulating; only stages 0/1 can skip the all-reduce.
         """Skip the gradient all-reduce while accumulating (ZeRO stages 0 and 1 only)."""
         if (
-            self.plugin.zero_stage < 2
+            _zero_stage(model, self.plugin) < 2
             and hasattr(model, "no_sync")
             and self.context.use_distributed
         ):
@@ -190,8 +200,7 @@ class DeepSpeedStrategy(Strategy):
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's whole state dict; under ZeRO-3 the gathered 16-bit weights."""
-        config = self.plugin.deepspeed_config
-        if config["zero_optimization"]["stage"] == 3:
+        if _zero_stage(model, self.plugin) == 3:
             if not model.zero_gather_16bit_weights_on_model_save():
                 raise ValueError(
                     f"[rank {self.context.process_index}] ZeRO-3 keeps each weight partitioned: the "
@@ -230,6 +239,12 @@ class DeepSpeedStrategy(Strategy):
                 raise RuntimeError(
                     f"DeepSpeed could not load the checkpoint {tag!r} from {directory}."
                 )
+
+
+def _zero_stage(model: Any, plugin: Any) -> int:
+    """The ZeRO stage of `model`'s own engine (engines of several plugins may differ), else the plugin's."""
+    stage = getattr(model, "zero_optimization_stage", None)
+    return int(stage()) if callable(stage) else int(plugin.zero_stage)
 
 
 _RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
