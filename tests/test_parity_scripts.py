@@ -7,7 +7,9 @@ it is about several processes:
   Accelerator's module path;
 - `AcceleratorState._reset_state()` under a live Accelerator (test_script.py): `prepare()` fails early
   with the reference's "`AcceleratorState` object has no attribute" error, and the stale state object
-  can still barrier, split and `destroy_process_group()`.
+  can still barrier, split and `destroy_process_group()`;
+- `save_state(tmpdir)` with a different temporary folder on each process
+  (test_distributed_data_loop.py): each folder is a whole checkpoint that loads back exactly.
 """
 
 from __future__ import annotations
@@ -153,3 +155,49 @@ def test_a_failed_notebook_launch_is_torchs_child_failed_error(tmp_path):
     assert "caught: notebook_launcher: rank 0 failed (exit code 1)" in result.stdout
     assert "failed ranks: [0]" in result.stdout
     assert "root cause in message: True" in result.stdout
+
+
+def save_into_a_folder_of_each_process(base: str):
+    import os
+
+    from torch.utils.data import DataLoader
+
+    from cadence import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(list(range(16)), batch_size=2, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    folder = os.path.join(base, f"own-folder-of-rank-{accelerator.process_index}")
+    batches = iter(loader)
+    next(batches)
+    accelerator.save_state(folder)
+    unseen = [batch.tolist() for batch in batches]
+    saved_weight = accelerator.unwrap_model(model).weight.detach().clone()
+    with torch.no_grad():
+        accelerator.unwrap_model(model).weight.add_(1.0)
+    accelerator.load_state(folder)
+    resumed = [batch.tolist() for batch in loader]
+    return {
+        "files": sorted(os.listdir(folder)),
+        "resumed_equals_unseen": resumed == unseen and len(unseen) == 3,
+        "weights_restored": torch.equal(accelerator.unwrap_model(model).weight, saved_weight),
+    }
+
+
+def test_each_process_may_save_into_its_own_folder(dist_pool, tmp_path):
+    results = dist_pool(2).run(save_into_a_folder_of_each_process, str(tmp_path))
+    for rank, result in enumerate(results):
+        # Each folder is a whole checkpoint: the shared files, and this rank's own states.
+        assert result["files"] == sorted(
+            [
+                "cadence_manifest.json",
+                f"dl_state_dict_rank{rank}.bin",
+                "model.safetensors",
+                "optimizer.bin",
+                f"random_states_{rank}.pkl",
+            ]
+        )
+        assert result["resumed_equals_unseen"] and result["weights_restored"]

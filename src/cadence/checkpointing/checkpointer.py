@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..collectives import broadcast_object_list, gather_object
+from ..collectives import gather_object
 from ..dataclasses import ProjectConfiguration
 from ..prepared import PreparedObjects
 from ..strategies import Strategy
@@ -165,12 +165,26 @@ class Checkpointer:
             )
         return Path(os.path.expanduser(os.fspath(output_dir)))
 
-    def _shared_token(self) -> str:
-        token = [new_token() if self.is_main_process else None]
-        return broadcast_object_list(token)[0]
+    def _folder_plan(self, final: Path) -> tuple[str, list[int]]:
+        """The save's shared token (made by rank 0) and the ranks saving into this process's folder.
 
-    def _gather_files(self, safe_serialization: bool, output_dir: str) -> dict[str, Any]:
-        """Every file this process writes: name -> state (tensors and plain values)."""
+        Processes may be given different folders (each its own temporary directory, as scripts
+        written for the reference do): each folder is then a whole checkpoint of its own, written
+        by the ranks that named it and committed by the lowest of them.
+        """
+        mine = (new_token() if self.is_main_process else None, str(final.absolute()))
+        entries = gather_object([mine])
+        ranks = [r for r, (_, folder) in enumerate(entries) if folder == mine[1]]
+        return entries[0][0], ranks
+
+    def _gather_files(
+        self, safe_serialization: bool, output_dir: str, writes_shared: bool
+    ) -> dict[str, Any]:
+        """Every file this process writes: name -> state (tensors and plain values).
+
+        `writes_shared`: this process also writes the files every rank holds alike (weights,
+        optimizers, schedulers, scaler, registered objects): the committer of its folder.
+        """
         prepared, strategy = self.prepared, self.strategy
         rank = self.process_index
         files: dict[str, Any] = {}
@@ -178,7 +192,7 @@ class Checkpointer:
         weights = [] if sharded else [self.state_dict(m) for m in prepared.models]
         for hook in list(prepared.save_state_pre_hooks.values()):
             hook(prepared.models, weights, output_dir)
-        if self.is_main_process:
+        if writes_shared:
             for i, state in enumerate(weights):
                 kind = "weights" if safe_serialization else "object"
                 files[model_file(i, safe_serialization)] = (kind, state)
@@ -206,16 +220,19 @@ class Checkpointer:
         final = self._resolve_save_dir(output_dir)
         self.wait_for_async_save()
         config = self.project_config
-        rank, world, main = self.process_index, self.num_processes, self.is_main_process
-        if config.automatic_checkpoint_naming and main and final.parent.is_dir():
+        rank, world = self.process_index, self.num_processes
+        if config.automatic_checkpoint_naming and self.is_main_process and final.parent.is_dir():
             cleanup_checkpoints_dir(final.parent)  # leftovers of saves killed earlier
-        writer = begin_checkpoint(final, token=self._shared_token(), rank=rank)
+        # A collective: also keeps the others from starting their folders before that cleanup.
+        token, folder_ranks = self._folder_plan(final)
+        main = rank == folder_ranks[0]  # this folder's committer
+        writer = begin_checkpoint(final, token=token, rank=rank, committer=main)
         try:
             if self.strategy.saves_sharded_state:
                 self.strategy.save_sharded_state(
                     writer.tmp_dir, self.prepared.models, self.prepared.optimizers
                 )
-            files = self._gather_files(safe_serialization, str(writer.tmp_dir))
+            files = self._gather_files(safe_serialization, str(writer.tmp_dir), writes_shared=main)
         except BaseException:
             writer.abort()
             raise
@@ -243,6 +260,7 @@ class Checkpointer:
                 saver.snapshot(files),
                 commit=main,
                 world_size=world,
+                ranks=folder_ranks,
                 timeout=600,
                 metadata=metadata,
                 after_commit=rotate,
@@ -261,13 +279,15 @@ class Checkpointer:
                     commit_checkpoint,
                     writer,
                     world_size=world,
+                    ranks=folder_ranks,
                     metadata=metadata,
                     after_commit=rotate,
                     remove_old_in_background=True,
                 )
                 if error is not None:
                     writer.abort()
-            outcome = broadcast_object_list([_failure(error, rank) if main else None])
+            # Every committer's outcome reaches every rank (one committer per folder).
+            outcome = gather_object([_failure(error, rank) if main else None])
             _raise_agreed(outcome, error if main else None)
         if config.automatic_checkpoint_naming:
             config.iteration += 1
