@@ -61,6 +61,22 @@ def eager_cpu_training(
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
 
 
+def train_plainly(accelerator) -> list[float]:
+    """One epoch of plain SGD through a prepared model, optimizer and loader; the per-step losses."""
+    model = fresh_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(dataset(), batch_size=BATCH)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss)  # still lazy: read after the loop, as a script would
+    return [float(loss.item()) for loss in losses]
+
+
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
     return max(float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in a)

@@ -6,27 +6,15 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(__file__))
-from xla_common import BATCH, LR, dataset, fresh_model, report  # noqa: E402
+from xla_common import report, train_plainly  # noqa: E402
 
 
 def main() -> None:
     from cadence import Accelerator
 
     accelerator = Accelerator()
-    model = fresh_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    loader = torch.utils.data.DataLoader(dataset(), batch_size=BATCH)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    losses = []
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss)
+    losses = train_plainly(accelerator)
     accelerator.print("printed by the main process")
     report(
         {
@@ -36,7 +24,7 @@ def main() -> None:
             "num_processes": accelerator.num_processes,
             "mixed_precision": accelerator.mixed_precision,
             "gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
-            "losses": [float(loss.item()) for loss in losses],
+            "losses": losses,
             "fork_launched": os.environ.get("FORK_LAUNCHED"),
         }
     )

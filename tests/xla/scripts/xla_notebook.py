@@ -8,27 +8,15 @@ import os
 import sys
 import tempfile
 
-import torch
-
 sys.path.insert(0, os.path.dirname(__file__))
-from xla_common import BATCH, LR, dataset, fresh_model, report  # noqa: E402
+from xla_common import report, train_plainly  # noqa: E402
 
 from cadence import Accelerator, notebook_launcher  # noqa: E402
 
 
 def training_function(out_file: str) -> None:
     accelerator = Accelerator()
-    model = fresh_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    loader = torch.utils.data.DataLoader(dataset(), batch_size=BATCH)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    losses = []
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.item()))
+    losses = train_plainly(accelerator)
     with open(out_file, "w") as handle:
         json.dump(
             {
