@@ -106,6 +106,34 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
         return 130
 
 
+def _validate_launch_command(
+    args: argparse.Namespace,
+) -> tuple[argparse.Namespace, Any, bool]:
+    """Merge the flags, the environment and the config file into `args`, as `cadence launch` does.
+
+    The reference's private step, kept for scripts that call it: every launch setting is resolved by
+    the launch plan (flags over environment over config file over defaults) and written back onto
+    `args`. Returns `(args, config, mixed_precision_from_config)`, `config` being the loaded config
+    file or None. Raises `LaunchPlanError` (listing every problem) when the launch is invalid.
+    """
+    from .config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        load_config_from_file,
+    )
+    from .launch_plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        build_plan,
+    )
+    from .launch_settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        CONFIG,
+    )
+
+    plan = build_plan(args)
+    for name, setting in plan.settings.items():
+        setattr(args, name, setting.value)
+    config = load_config_from_file(plan.config_file) if plan.config_file else None
+    from_config = plan.settings["mixed_precision"].source == CONFIG
+    return args, config, from_config
+
+
 # -- the reference's module-level names ------------------------------------------------------
 # Option -> help-section title, used by the reference's help formatter to show only the sections
 # of the platforms named on the command line.

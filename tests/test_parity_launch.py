@@ -1,0 +1,34 @@
+"""`_validate_launch_command`, the reference's private launcher step that some scripts call: the flags,
+the environment and the config file are merged onto the parsed arguments, as `cadence launch` does."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_flags_win_over_the_config_file_which_fills_the_rest(tmp_path, monkeypatch):
+    from cadence.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    (tmp_path / "config.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndebug: true\nnum_processes: 1\n"
+        "mixed_precision: bf16\ndistributed_type: 'NO'\n"
+    )
+    argv = ["--num-processes", "2", "--cpu", "--config-file", "config.yaml", "train.py"]
+    args = launch_command_parser().parse_args(argv)
+    args, config, mixed_precision_from_config = _validate_launch_command(args)
+    assert args.num_processes == 2  # the flag
+    assert args.debug is True and args.mixed_precision == "bf16"  # the config file
+    assert mixed_precision_from_config is True
+    assert config.mixed_precision == "bf16"
+
+
+def test_an_invalid_launch_lists_its_problems(tmp_path, monkeypatch):
+    from cadence.commands.launch import _validate_launch_command, launch_command_parser
+    from cadence.commands.launch_plan import LaunchPlanError
+
+    monkeypatch.chdir(tmp_path)
+    args = launch_command_parser().parse_args(["--cpu", "missing.py"])
+    with pytest.raises(LaunchPlanError, match="does not exist"):
+        _validate_launch_command(args)
