@@ -508,7 +508,13 @@ class AcceleratorState:
             raise forgotten_state_error("AcceleratorState", name)
         if name.startswith("__") or "partial_state" not in self.__dict__:
             raise AttributeError(name)
-        return getattr(self.partial_state, name)
+        try:
+            return getattr(self.partial_state, name)
+        except AttributeError:
+            if hasattr(type(self.partial_state), name):
+                raise  # a real attribute that failed inside: keep its own error
+            # the name is unknown to both: say so about the object the caller used
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'") from None
 
     def __repr__(self) -> str:
         return repr(self.partial_state) + f"\nMixed precision type: {self.mixed_precision}\n"

@@ -104,6 +104,15 @@ def _placements(device_placement: Any, count: int) -> list[Any]:
     return list(device_placement)
 
 
+def mark_prepared(obj: Any) -> None:
+    """Flag a prepared object the way the reference does (`_is_accelerate_prepared = True`): libraries
+    built on it (and its own tests) read the flag to avoid preparing an object twice."""
+    try:
+        obj._is_accelerate_prepared = True
+    except (AttributeError, TypeError):  # an object that takes no new attributes stays unflagged
+        pass
+
+
 def check_scheduler(scheduler: Any) -> None:
     """prepare_scheduler() needs something that steps a learning rate: refuse anything else up front."""
     if isinstance(scheduler, (AcceleratedScheduler, torch.optim.lr_scheduler.LRScheduler)):
@@ -214,6 +223,7 @@ class Preparer:
             model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
         model = self.strategy.wrap_model(model, evaluation_mode)
         model._is_accelerator_prepared = True  # what integrations check to skip a second prepare
+        mark_prepared(model)
         self.prepared.models.append(model)
         return model
 
@@ -247,6 +257,7 @@ class Preparer:
             device=self._device,
             gradient_state=self.gradient_state,
         )
+        mark_prepared(wrapped)
         self.prepared.optimizers.append(wrapped)
         # fp8 with FSDP2 refreshes its float8 scales after each step.
         self.strategy.precision.attach_optimizer(optimizer, list(self.prepared.models))
@@ -267,6 +278,7 @@ class Preparer:
             num_processes=self.strategy.context.num_processes,
             gradient_state=self.gradient_state,
         )
+        mark_prepared(wrapped)
         self.prepared.schedulers.append(wrapped)
         return wrapped
 
@@ -304,6 +316,7 @@ class Preparer:
             use_stateful_dataloader=config.use_stateful_dataloader,
         )
         prepared.resume_exact_order = config.resume_exact_order  # read when a state is loaded
+        mark_prepared(prepared)
         self.prepared.dataloaders.append(prepared)
         return prepared
 
