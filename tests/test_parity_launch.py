@@ -32,3 +32,37 @@ def test_an_invalid_launch_lists_its_problems(tmp_path, monkeypatch):
     args = launch_command_parser().parse_args(["--cpu", "missing.py"])
     with pytest.raises(LaunchPlanError, match="does not exist"):
         _validate_launch_command(args)
+
+
+def test_launch_command_raises_value_error_for_a_bad_config_and_the_cli_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    from cadence.commands.launch import launch_command, launch_command_parser
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hello')\n")
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: 1\n"
+        "invalid_key: 1\nanother_invalid_key: 2\n"
+    )
+    args = launch_command_parser().parse_args(["--config_file", str(config), str(script)])
+    with pytest.raises(ValueError, match="another_invalid_key"):
+        launch_command(args)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence.commands.cli",
+            "launch",
+            "--config_file",
+            str(config),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "invalid_key" in done.stderr and "hello" not in done.stdout

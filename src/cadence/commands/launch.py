@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
 
     parser, options = build_launch_parser(make_parser)
     _known_options[:] = options
-    parser.set_defaults(func=launch_command, accepts_unknown=True)
+    parser.set_defaults(func=_cli_launch_command, accepts_unknown=True)
 
 
 def unknown_flags_message(unknown: list[str], known: list[str]) -> str:
@@ -66,14 +66,31 @@ def _flags_before_script(args: argparse.Namespace) -> list[str]:
     return found
 
 
+def _cli_launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -> int:
+    """`cadence launch` on the command line: an invalid launch is reported, exit code 2."""
+    from .launch_settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        LaunchPlanError,
+    )
+
+    try:
+        return launch_command(args, unknown)
+    except LaunchPlanError as err:
+        print(str(err), file=sys.stderr)
+        return 2
+
+
 def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -> int:
-    """Run `cadence launch` for `args` (the processes, or a dry run) and return the exit code."""
+    """Run `cadence launch` for `args` (the processes, or a dry run) and return the exit code.
+
+    An invalid launch (bad flags, config file or environment) raises `LaunchPlanError`, a
+    `ValueError` listing every problem, before anything starts, as the reference's `launch_command`
+    raises `ValueError`; the command line prints it and exits with code 2.
+    """
     from .launch_banner import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         format_banner,
         format_dry_run,
     )
     from .launch_plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
-        LaunchPlanError,
         build_plan,
     )
 
@@ -85,11 +102,7 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     for name in ("func", "accepts_unknown", "dry_run", "command"):
         if hasattr(args, name):
             delattr(args, name)
-    try:
-        plan = build_plan(args)
-    except LaunchPlanError as err:
-        print(str(err), file=sys.stderr)
-        return 2
+    plan = build_plan(args)
     if dry_run:
         print(format_dry_run(plan))
         return 0
