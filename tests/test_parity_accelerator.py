@@ -37,3 +37,41 @@ def test_unknown_state_attribute_names_accelerator_state():
     with pytest.raises(AttributeError, match=r"AcceleratorState\._reset_state\(\)"):
         acc.state._reset_state()
         _ = acc.num_processes
+
+
+def test_a_dropped_accelerator_is_freed_without_the_garbage_collector():
+    import gc
+    import weakref
+
+    from cadence import Accelerator
+
+    class Holder:
+        def __init__(self):
+            self.accelerator = Accelerator(cpu=True)
+            loader = torch.utils.data.DataLoader(list(range(16)), batch_size=4)
+            self.loader = self.accelerator.prepare_data_loader(loader)
+            self.iterator = iter(self.loader)
+
+    holder = Holder()
+    assert next(holder.iterator).tolist() == [0, 1, 2, 3]
+    refs = [
+        weakref.ref(holder.accelerator),
+        weakref.ref(holder.loader),
+        weakref.ref(holder.loader.gradient_state),
+    ]
+    gc.disable()  # freed by reference counting alone: no cycle keeps them
+    try:
+        del holder
+        assert [ref() is None for ref in refs] == [True, True, True]
+    finally:
+        gc.enable()
+
+
+def test_base_dataloader_belongs_to_each_loader_not_to_the_class():
+    from cadence.data_loader import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
+
+    for cls in (DataLoaderShard, DataLoaderDispatcher, SkipDataLoader):
+        loader = cls(range(16), batch_size=4)
+        assert isinstance(loader.base_dataloader, torch.utils.data.DataLoader)
+        with pytest.raises(AttributeError, match="base_dataloader"):
+            _ = cls.base_dataloader
