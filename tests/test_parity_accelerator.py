@@ -75,3 +75,20 @@ def test_base_dataloader_belongs_to_each_loader_not_to_the_class():
         assert isinstance(loader.base_dataloader, torch.utils.data.DataLoader)
         with pytest.raises(AttributeError, match="base_dataloader"):
             _ = cls.base_dataloader
+
+
+def test_a_pickled_accelerator_calls_back_into_its_copy(tmp_path):
+    import pickle
+
+    from cadence import Accelerator
+    from cadence.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    acc = Accelerator(cpu=True, project_config=config)
+    acc.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
+    copy = pickle.loads(pickle.dumps(acc))
+    assert len(copy._dataloaders) == 1
+    model = copy.prepare(torch.nn.Linear(2, 2))
+    copy.save_state()  # the copy's checkpointer waits and takes state dicts through the copy
+    assert (tmp_path / "checkpoints" / "checkpoint_0").is_dir()
+    assert copy.logging_dir == acc.logging_dir and model is copy._models[0]
