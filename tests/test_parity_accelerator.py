@@ -92,3 +92,50 @@ def test_a_pickled_accelerator_calls_back_into_its_copy(tmp_path):
     copy.save_state()  # the copy's checkpointer waits and takes state dicts through the copy
     assert (tmp_path / "checkpoints" / "checkpoint_0").is_dir()
     assert copy.logging_dir == acc.logging_dir and model is copy._models[0]
+
+
+def quantized_model(device_map):
+    model = torch.nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True  # what transformers sets on a bitsandbytes-quantized model
+    model.hf_device_map = device_map
+    return model
+
+
+@pytest.mark.parametrize(
+    "device_map, phrase",
+    [
+        ({"": "cpu"}, "with CPU or disk offload"),
+        ({"": "disk"}, "with CPU or disk offload"),
+        ({"a": "cpu", "b": 0}, "with CPU or disk offload"),
+        ({"": "cuda:1"}, "on a different device than the one you're training on"),
+    ],
+)
+def test_quantized_models_that_cannot_train_here_are_refused(device_map, phrase):
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match=phrase):
+        acc.prepare_model(quantized_model(device_map))
+    assert acc._models == []  # refused before anything was prepared
+
+
+def prepare_quantized_over_two_devices():
+    import os
+
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    # without the bypass, any model with a multi-device map is refused first (the device_map error)
+    os.environ["ACCELERATE_BYPASS_DEVICE_MAP"] = "true"
+    try:
+        acc.prepare_model(quantized_model({"a": 0, "b": 1}))
+    except ValueError as err:
+        return str(err)
+    finally:
+        del os.environ["ACCELERATE_BYPASS_DEVICE_MAP"]
+    return None
+
+
+def test_quantized_model_over_several_devices_is_refused_in_distributed_mode(dist_pool):
+    for message in dist_pool(2).run(prepare_quantized_over_two_devices):
+        assert message is not None and "on multiple devices in any distributed mode" in message

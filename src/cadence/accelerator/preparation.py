@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 
-from ..bigmodel.training_checks import check_model_is_trainable, verify_device_map
+from ..availability import is_bitsandbytes_multi_backend_available, is_xpu_available
+from ..bigmodel.training_checks import (
+    check_model_is_trainable,
+    check_quantized_model_placement,
+    is_quantized_with_device_map,
+    verify_device_map,
+)
 from ..dataclasses import DataLoaderConfiguration
 from ..input_errors import rank_named_errors, with_rank
 from ..optimizer import AcceleratedOptimizer
@@ -213,9 +219,16 @@ class Preparer:
             return existing
         model = self.strategy.precision.convert_model(model)  # fp8: float8 linears, before wrapping
         check_model_is_trainable(model, self.strategy.context.distributed_type)
-        # A model dispatched with a device map stays where its hooks put it.
+        check_quantized_model_placement(
+            model,
+            self._device,
+            self.strategy.context.distributed_type,
+            cpu_quantization=is_bitsandbytes_multi_backend_available(),
+            xpu=is_xpu_available(),
+        )
+        # A model dispatched with a device map (or quantized on its device) stays where it was put.
         placement = self.device_placement if device_placement is None else device_placement
-        if placement and not verify_device_map(model):
+        if placement and not verify_device_map(model) and not is_quantized_with_device_map(model):
             model = model.to(self._device)
         self.strategy.precision.wrap_forward(model)
         if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
