@@ -66,3 +66,28 @@ def test_launch_command_raises_value_error_for_a_bad_config_and_the_cli_exits_2(
     )
     assert done.returncode == 2
     assert "invalid_key" in done.stderr and "hello" not in done.stdout
+
+
+def test_standalone_parser_answers_for_flags_that_were_not_typed():
+    from cadence.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+    args = parser.parse_args(["--config-file", "test.yaml", "test.py"])
+    assert args.config_file == "test.yaml"
+    assert args.multi_gpu is False and args.use_fsdp is False  # on/off flags read as off
+    assert args.num_processes is None
+    assert "multi_gpu" not in vars(args)  # only typed flags are stored (what the plan reads)
+    args = parser.parse_args(["--multi-gpu", "--use_deepspeed", "--num-processes", "4", "test.py"])
+    assert (args.multi_gpu, args.use_deepspeed, args.num_processes) == (True, True, 4)
+    with pytest.raises(AttributeError):
+        _ = args.not_a_flag
+
+
+def test_a_dry_run_through_the_standalone_parser(tmp_path, monkeypatch, capsys):
+    from cadence.commands.launch import launch_command, launch_command_parser
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    args = launch_command_parser().parse_args(["--cpu", "--dry_run", "train.py"])
+    assert launch_command(args) == 0
+    assert "train.py" in capsys.readouterr().out

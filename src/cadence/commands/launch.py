@@ -100,7 +100,7 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
         return 2
     dry_run = bool(getattr(args, "dry_run", False))
     for name in ("func", "accepts_unknown", "dry_run", "command"):
-        if hasattr(args, name):
+        if name in vars(args):
             delattr(args, name)
     plan = build_plan(args)
     if dry_run:
@@ -200,7 +200,37 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         command_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
 
-    return command_parser(register, "launch", subparsers)
+    parser = command_parser(register, "launch", subparsers)
+    if subparsers is None:
+        # Standalone, its namespace answers for every flag (as the reference's parser does); the
+        # typed flags alone are in vars(args), which is what the launch plan reads.
+        defaults = {
+            action.dest: False if action.nargs == 0 and action.const is True else None
+            for action in parser._actions
+            if action.dest not in ("help", argparse.SUPPRESS)
+        }
+        namespace_type = type("LaunchNamespace", (LaunchNamespace,), {"_defaults": defaults})
+        parse_known_args = parser.parse_known_args
+
+        def parse_with_defaults(args: Any = None, namespace: Any = None) -> Any:
+            return parse_known_args(args, namespace_type() if namespace is None else namespace)
+
+        parser.parse_known_args = parse_with_defaults  # type: ignore[method-assign]
+    return parser
+
+
+class LaunchNamespace(argparse.Namespace):
+    """Flags parsed by a standalone `launch_command_parser()`. A typed flag is an attribute; one
+    that was not typed reads as its default (False for an on/off flag, None otherwise) without being
+    stored, so the launch plan still tells typed values from defaults."""
+
+    _defaults: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        defaults = type(self)._defaults
+        if name in defaults:
+            return defaults[name]
+        raise AttributeError(f"'LaunchNamespace' object has no attribute '{name}'")
 
 
 def _run_namespace(args: argparse.Namespace) -> None:
