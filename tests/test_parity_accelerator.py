@@ -139,3 +139,15 @@ def prepare_quantized_over_two_devices():
 def test_quantized_model_over_several_devices_is_refused_in_distributed_mode(dist_pool):
     for message in dist_pool(2).run(prepare_quantized_over_two_devices):
         assert message is not None and "on multiple devices in any distributed mode" in message
+
+
+def test_a_new_accelerator_sets_up_a_partial_state_that_was_reset_alone():
+    from cadence import Accelerator, PartialState
+
+    Accelerator(cpu=True)
+    PartialState._reset_state()  # AcceleratorState is still there
+    assert PartialState._shared_state == {}
+    acc = Accelerator(cpu=True)
+    assert PartialState._shared_state != {}
+    assert PartialState().num_processes == acc.num_processes == 1
+    assert acc.state.partial_state.device == acc.device

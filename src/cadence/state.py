@@ -412,6 +412,12 @@ class AcceleratorState:
     ) -> None:
         self.__dict__ = self._shared_state
         if self.initialized:
+            if not PartialState._shared_state:
+                # PartialState alone was reset (`PartialState._reset_state()`): set it up again, as
+                # the reference does, so the process state is there for everything that reads it.
+                partial = PartialState(cpu, **kwargs)
+                self.__dict__.update(partial.__dict__)
+                self.partial_state = partial
             if mixed_precision is not None and str(mixed_precision) != self._mixed_precision:
                 raise ValueError(
                     f"AcceleratorState was already created with mixed_precision={self._mixed_precision!r}; "
