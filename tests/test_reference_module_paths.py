@@ -309,12 +309,6 @@ UNSUPPORTED = [
     ("cadence.utils", "set_numa_affinity", (0,), "numactl"),
     ("cadence.checkpointing", "save_accelerator_state", (None,) * 7, "save_state"),
     ("cadence.test_utils.training", "mocked_dataloaders", (None,), "MRPC"),
-    (
-        "cadence.commands.estimate",
-        "create_empty_model",
-        ("m", "transformers"),
-        "init_empty_weights",
-    ),
 ]
 
 

@@ -121,7 +121,10 @@ def test_an_unknown_name_is_a_clear_error():
 
 def test_a_tracker_needing_a_directory_without_one_is_a_clear_error():
     pytest.importorskip("tensorboard")
-    with pytest.raises(ValueError, match="'tensorboard' needs a logging directory.*project_dir"):
+    # the reference's key phrase, then what to do
+    with pytest.raises(
+        ValueError, match="Logging with `tensorboard` requires a `logging_dir`.*project_dir"
+    ):
         filter_trackers("tensorboard")
 
 

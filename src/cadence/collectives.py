@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -307,6 +308,21 @@ def _check_rank(rank: int, state: Any) -> None:
         )
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """Warned when `pad_across_processes` meets a nested tensor, which it cannot pad."""
+
+
+def _warn_nested(tensor: torch.Tensor) -> torch.Tensor:
+    if getattr(tensor, "is_nested", False):
+        warnings.warn(
+            "Cannot pad nested tensors: a nested tensor has no single size along `dim`; it is "
+            "returned unpadded. Pad its components before nesting them to gather them.",
+            CannotPadNestedTensorWarning,
+            stacklevel=4,
+        )
+    return tensor
+
+
 def _pad_one(tensor: torch.Tensor, dim: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
     if getattr(tensor, "is_nested", False) or not -tensor.ndim <= dim < tensor.ndim:
         return tensor
@@ -331,9 +347,10 @@ def pad_across_processes(
         raise TypeError(
             with_rank(f"pad_across_processes(dim=...) must be an integer, got {dim!r}.")
         )
+    # nested tensors are left as they are, with a warning, on one process as on several
+    recursively_apply(_warn_nested, tensor, error_on_other_type=True)
     state = _state()
     if not state.use_distributed:
-        recursively_apply(lambda t: t, tensor, error_on_other_type=True)
         return tensor
     with _ledger.entered("pad_across_processes", tensor) as entry:
         check_collective(
@@ -356,5 +373,7 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, Mapping):
         return type(first)({k: concatenate([d[k] for d in data], dim) for k in first})
     if not is_tensor(first):
+        if len(data) == 1:
+            return first  # a single batch needs no joining, whatever it holds (as the reference)
         raise TypeError(f"Can only concatenate tensors, got {type(first).__name__}.")
     return torch.cat(list(data), dim=dim)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .diagnostics.settings import parse_seconds
 from .enums import DDPCommunicationHookType, DynamoBackend
+from .environment import clear_environment
 from .profiling import build_profiler
 from .settings import env_text, parse_bool, resolve, resolve_flag
 
@@ -29,8 +30,13 @@ class KwargsHandler:
         return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
-        """Only the fields whose value differs from the class default, as a dict."""
-        defaults = self.__class__().to_dict()
+        """Only the fields whose value differs from the class default, as a dict.
+
+        The defaults are those of a handler built without any environment variable, as in the
+        reference: a value that came from the environment (`ACCELERATE_DYNAMO_MODE=...`) counts.
+        """
+        with clear_environment():
+            defaults = self.__class__().to_dict()
         return {k: v for k, v in self.to_dict().items() if defaults.get(k) != v}
 
 
@@ -499,6 +505,19 @@ class TorchDynamoPlugin(KwargsHandler):
             found = resolve("dynamo_use_dynamic", launch={})
             if found.value is not None:
                 self.dynamic = parse_bool(found.value, found.source.removeprefix("env:"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """All the fields, with the backend as `torch.compile` names it (lower case)."""
+        fields = copy.deepcopy(self.__dict__)
+        fields["backend"] = self.backend.value.lower()
+        return fields
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields that differ from the defaults, less `use_regional_compilation` (not a
+        `torch.compile` argument)."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
 
     def to_compile_kwargs(self) -> dict[str, Any]:
         """The keyword arguments to pass to `torch.compile` (no `mode` when `options` is set)."""

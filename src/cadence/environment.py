@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-logger = logging.getLogger(__name__)
+# Named after the reference's module path, so log filters and captures written for it still match.
+logger = logging.getLogger("cadence.utils.environment")
 
 _TRUE_WORDS = frozenset({"y", "yes", "t", "true", "on", "1"})
 _FALSE_WORDS = frozenset({"n", "no", "f", "false", "off", "0"})
@@ -286,6 +287,9 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
                 os.environ[name] = value
 
 
+_PURGE_MARK = "_cadence_purges_environment"
+
+
 @contextmanager
 def _restore_prefixed_variables() -> Iterator[None]:
     before = {k: v for k, v in os.environ.items() if k.startswith(PURGED_PREFIXES)}
@@ -300,7 +304,8 @@ def _restore_prefixed_variables() -> Iterator[None]:
 
 def purge_accelerate_environment(func_or_cls: T) -> T:
     """Decorator: after the function (or each `test*` method and `setUp`/`tearDown` of a class) runs,
-    remove the `ACCELERATE_*`/`CADENCE_*` variables it set and restore the ones it changed.
+    remove the `ACCELERATE_*`/`CADENCE_*` variables it set and restore the ones it changed. Decorating
+    a class also covers the tests of its subclasses.
 
     Example:
         >>> @purge_accelerate_environment
@@ -311,17 +316,39 @@ def purge_accelerate_environment(func_or_cls: T) -> T:
     """
 
     def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+        if getattr(function, _PURGE_MARK, False):
+            return function  # already purging (a method inherited from a decorated class)
+
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with _restore_prefixed_variables():
                 return function(*args, **kwargs)
 
+        setattr(wrapper, _PURGE_MARK, True)
         return wrapper
 
+    def wrap_methods(cls: type) -> None:
+        for name, member in list(vars(cls).items()):
+            # plain functions only: a staticmethod or classmethod object keeps its own binding
+            if inspect.isfunction(member) and (
+                name.startswith("test") or name in ("setUp", "tearDown")
+            ):
+                setattr(cls, name, wrap(member))
+
     if inspect.isclass(func_or_cls):
-        for name, member in list(vars(func_or_cls).items()):
-            if callable(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
-                setattr(func_or_cls, name, wrap(member))
+        cls = func_or_cls
+        wrap_methods(cls)
+        # The tests of subclasses purge too (the reference documents decorating a parent class).
+        own_hook = vars(cls).get("__init_subclass__")
+
+        def init_subclass(sub: type, **kwargs: Any) -> None:
+            if own_hook is not None:
+                own_hook.__func__(sub, **kwargs)
+            else:
+                super(cls, sub).__init_subclass__(**kwargs)
+            wrap_methods(sub)
+
+        cls.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
         return func_or_cls
     return wrap(func_or_cls)  # type: ignore[return-value]
 

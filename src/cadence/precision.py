@@ -213,6 +213,10 @@ def _under_autocast(new_context: Any, forward: Any) -> Any:
 def remove_forward_wrapper(model: torch.nn.Module) -> None:
     """Undo `wrap_forward`: give the model back its own `forward`."""
     original = model.__dict__.pop("_cadence_original_forward", None)
+    if original is None and hasattr(model.__dict__.get("forward"), "_cadence_wrapped_forward"):
+        # A forward wrapped by hand, the reference's way: `model._original_forward = model.forward`
+        # then `model.forward = convert_outputs_to_fp32(model.forward)`.
+        original = model.__dict__.pop("_original_forward", None)
     if original is not None:
         if (
             getattr(original, "__self__", None) is model

@@ -442,6 +442,12 @@ class AcceleratorState:
     ) -> None:
         self.__dict__ = self._shared_state
         if self.initialized:
+            if not PartialState._shared_state:
+                # PartialState alone was reset (`PartialState._reset_state()`): set it up again, as
+                # the reference does, so the process state is there for everything that reads it.
+                partial = PartialState(cpu, **kwargs)
+                self.__dict__.update(partial.__dict__)
+                self.partial_state = partial
             if mixed_precision is not None and str(mixed_precision) != self._mixed_precision:
                 raise ValueError(
                     f"AcceleratorState was already created with mixed_precision={self._mixed_precision!r}; "
@@ -583,7 +589,13 @@ class AcceleratorState:
             raise forgotten_state_error("AcceleratorState", name)
         if name.startswith("__") or "partial_state" not in self.__dict__:
             raise AttributeError(name)
-        return getattr(self.partial_state, name)
+        try:
+            return getattr(self.partial_state, name)
+        except AttributeError:
+            if hasattr(type(self.partial_state), name):
+                raise  # a real attribute that failed inside: keep its own error
+            # the name is unknown to both: say so about the object the caller used
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'") from None
 
     def __repr__(self) -> str:
         return repr(self.partial_state) + f"\nMixed precision type: {self.mixed_precision}\n"

@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 
-from .collectives import gather_object, is_torch_tensor, recursively_apply, reduce
+from .collectives import (
+    CannotPadNestedTensorWarning,
+    gather_object,
+    is_torch_tensor,
+    recursively_apply,
+    reduce,
+)
 from .data.batches import TensorInformation
 from .diagnostics.errors import DistributedOperationException
 from .precision import convert_outputs_to_fp32
@@ -37,10 +43,6 @@ TENSOR_INT_TO_DTYPE: dict[int, torch.dtype] = {
 
 # The longest shape `gather_tensor_shape` can carry.
 _MAX_SHAPE_SLOTS = 64
-
-
-class CannotPadNestedTensorWarning(UserWarning):
-    """Warned when `pad_across_processes` meets a nested tensor, which it cannot pad."""
 
 
 def is_torch_xpu_tensor(tensor: Any) -> bool:

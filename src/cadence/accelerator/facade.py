@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -35,6 +36,28 @@ from .preparation import Preparer
 from .settings import AcceleratorSettings, fp8_recipe_handler
 
 _SPLIT_BATCHES_UNSET = object()
+
+
+class _weakly:  # noqa: N801 (used like a function: `_weakly(self, "name")`)
+    """A callable giving `owner.name(...)` (or, with `call=False`, `owner.name`) through a weak
+    reference: the parts the Accelerator hands these to must not keep it alive, so that it is freed
+    as soon as the script drops it (as the reference's is, without waiting for the garbage collector).
+    A pickled Accelerator takes its callbacks along, pointing at the unpickled copy."""
+
+    def __init__(self, owner: Any, name: str, call: bool = True) -> None:
+        self._owner = weakref.ref(owner)
+        self._name = name
+        self._call = call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        value = getattr(self._owner(), self._name)
+        return value(*args, **kwargs) if self._call else value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"owner": self._owner(), "name": self._name, "call": self._call}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["owner"], state["name"], state["call"])
 
 
 class Accelerator:
@@ -118,9 +141,7 @@ class Accelerator:
         self.dynamo_plugin = settings.dynamo_plugin
         # Before the process group starts, so a bad log_with fails without side effects.
         self._project_configuration = settings.project_config
-        self._tracker_hub = TrackerHub(
-            settings.log_with, functools.partial(getattr, self, "logging_dir")
-        )
+        self._tracker_hub = TrackerHub(settings.log_with, _weakly(self, "logging_dir", call=False))
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(
@@ -183,10 +204,10 @@ class Accelerator:
             process_index=self.process_index,
             local_process_index=self.local_process_index,
             num_processes=self.num_processes,
-            wait_for_everyone=self.wait_for_everyone,
+            wait_for_everyone=_weakly(self, "wait_for_everyone"),
             get_step=functools.partial(getattr, self._accumulation, "step"),
             set_step=functools.partial(setattr, self._accumulation, "step"),
-            state_dict=self.get_state_dict,
+            state_dict=_weakly(self, "get_state_dict"),
         )
 
     # -- the state, as attributes -----------------------------------------------------------------

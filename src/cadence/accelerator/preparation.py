@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 
-from ..bigmodel.training_checks import check_model_is_trainable, verify_device_map
+from ..availability import is_bitsandbytes_multi_backend_available, is_xpu_available
+from ..bigmodel.training_checks import (
+    check_model_is_trainable,
+    check_quantized_model_placement,
+    is_quantized_with_device_map,
+    verify_device_map,
+)
 from ..dataclasses import DataLoaderConfiguration
 from ..input_errors import rank_named_errors, with_rank
 from ..optimizer import AcceleratedOptimizer
@@ -102,6 +108,15 @@ def _placements(device_placement: Any, count: int) -> list[Any]:
                 f"(in {device_placement!r})."
             )
     return list(device_placement)
+
+
+def mark_prepared(obj: Any) -> None:
+    """Flag a prepared object the way the reference does (`_is_accelerate_prepared = True`): libraries
+    built on it (and its own tests) read the flag to avoid preparing an object twice."""
+    try:
+        obj._is_accelerate_prepared = True
+    except (AttributeError, TypeError):  # an object that takes no new attributes stays unflagged
+        pass
 
 
 def check_scheduler(scheduler: Any) -> None:
@@ -204,9 +219,16 @@ class Preparer:
             return existing
         model = self.strategy.precision.convert_model(model)  # fp8: float8 linears, before wrapping
         check_model_is_trainable(model, self.strategy.context.distributed_type)
-        # A model dispatched with a device map stays where its hooks put it.
+        check_quantized_model_placement(
+            model,
+            self._device,
+            self.strategy.context.distributed_type,
+            cpu_quantization=is_bitsandbytes_multi_backend_available(),
+            xpu=is_xpu_available(),
+        )
+        # A model dispatched with a device map (or quantized on its device) stays where it was put.
         placement = self.device_placement if device_placement is None else device_placement
-        if placement and not verify_device_map(model):
+        if placement and not verify_device_map(model) and not is_quantized_with_device_map(model):
             model = self.strategy.place_model(model)
         self.strategy.precision.wrap_forward(model)
         if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
@@ -214,6 +236,7 @@ class Preparer:
             model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
         model = self.strategy.wrap_model(model, evaluation_mode)
         model._is_accelerator_prepared = True  # what integrations check to skip a second prepare
+        mark_prepared(model)
         self.prepared.models.append(model)
         return model
 
@@ -247,6 +270,7 @@ class Preparer:
             device=self._device,
             gradient_state=self.gradient_state,
         )
+        mark_prepared(wrapped)
         self.prepared.optimizers.append(wrapped)
         # fp8 with FSDP2 refreshes its float8 scales after each step.
         self.strategy.precision.attach_optimizer(optimizer, list(self.prepared.models))
@@ -267,6 +291,7 @@ class Preparer:
             num_processes=self.strategy.context.num_processes,
             gradient_state=self.gradient_state,
         )
+        mark_prepared(wrapped)
         self.prepared.schedulers.append(wrapped)
         return wrapped
 
@@ -304,6 +329,7 @@ class Preparer:
             use_stateful_dataloader=config.use_stateful_dataloader,
         )
         prepared.resume_exact_order = config.resume_exact_order  # read when a state is loaded
+        mark_prepared(prepared)
         self.prepared.dataloaders.append(prepared)
         return self.strategy.wrap_data_loader(prepared)
 

@@ -1,5 +1,5 @@
-"""The reference's `estimate-memory` command module: memory arithmetic and the table are real;
-building a model from the Hub to size it is not available in Cadence yet."""
+"""The reference's `estimate-memory` command module: build a Hub model with empty weights (through
+`transformers` or `timm`, optional), measure it, and print its memory for inference and training."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ import argparse
 from typing import Any
 
 from .parser_compat import run_parser
-
-_NEEDS_HUB_MODEL = (
-    "`{name}` builds an empty model from the Hugging Face Hub to size it, which needs the big-model "
-    "inference helpers (init_empty_weights) that Cadence does not provide yet."
-)
 
 
 def verify_on_hub(repo: str, token: str | None = None) -> Any:
@@ -70,8 +65,73 @@ def create_empty_model(
     trust_remote_code: bool = False,
     access_token: str | None = None,
 ) -> Any:
-    """A model of `model_name` with no memory allocated (not available in Cadence yet)."""
-    raise NotImplementedError(_NEEDS_HUB_MODEL.format(name="create_empty_model"))
+    """A model of `model_name` (a Hub id) built with empty weights, so nothing is allocated.
+
+    `library_name` ("transformers" or "timm") defaults to the library the Hub names for the repo.
+    Raises OSError when the repo is gated or missing, ValueError for an unknown library, ImportError
+    when the library is not installed.
+    """
+    import torch
+
+    from ..big_modeling import (  # deferred: the big-model helpers load only for this command
+        init_empty_weights,
+    )
+
+    info = verify_on_hub(model_name, access_token)
+    if info == "gated":
+        raise OSError(
+            f"Repo for model `{model_name}` is gated: log in with `huggingface-cli login` (with an "
+            "account that was granted access) and try again."
+        )
+    if info == "repo":
+        raise OSError(
+            f"Repo for model `{model_name}` does not exist on the Hub. Check the name; for a private "
+            "repo, log in with `huggingface-cli login` with an account that can read it."
+        )
+    if library_name is None:
+        library_name = getattr(info, "library_name", None)
+        if not library_name:
+            raise ValueError(
+                f"Model `{model_name}` does not have any library metadata on the Hub: pass "
+                "`--library_name transformers` (or `timm`)."
+            )
+    if library_name == "transformers":
+        try:
+            import transformers  # optional dependency
+        except ImportError as err:
+            raise ImportError(
+                f"Sizing `{model_name}` needs `transformers`: `pip install transformers`."
+            ) from err
+        config_info = getattr(info, "config", None)
+        if config_info is None:
+            raise RuntimeError(
+                f"Tried to load `{model_name}` with `transformers`, but its repo has no config metadata."
+            )
+        print(f"Loading the config of `{model_name}` with `transformers`...")
+        config = transformers.AutoConfig.from_pretrained(
+            model_name, trust_remote_code=trust_remote_code, token=access_token
+        )
+        auto_map = config_info.get("auto_map") if isinstance(config_info, dict) else None
+        # Remote code may name its own AutoModelFor... class; the first one found builds the model.
+        names = [key for key in (auto_map or {}) if key.startswith("AutoModelFor")]
+        constructor = getattr(transformers, names[0]) if names else transformers.AutoModel
+        with init_empty_weights():
+            # fp32 explicitly: the sizes are reported per dtype from the fp32 size
+            return constructor.from_config(
+                config, torch_dtype=torch.float32, trust_remote_code=trust_remote_code
+            )
+    if library_name == "timm":
+        try:
+            import timm  # optional dependency
+        except ImportError as err:
+            raise ImportError(f"Sizing `{model_name}` needs `timm`: `pip install timm`.") from err
+        print(f"Loading the config of `{model_name}` with `timm`...")
+        with init_empty_weights():
+            return timm.create_model(add_timm_hub_prefix(model_name), pretrained=False)
+    raise ValueError(
+        f"Library `{library_name}` is not supported yet: estimate-memory can size `transformers` "
+        "and `timm` models (pass `--library_name`)."
+    )
 
 
 def create_ascii_table(headers: list[str], rows: list[list[str]], title: str) -> str:
@@ -154,13 +214,54 @@ def estimate_training_usage(
 
 
 def gather_data(args: argparse.Namespace) -> list[list[Any]]:
-    """Sizes of the model of `args` per dtype (not available in Cadence yet)."""
-    raise NotImplementedError(_NEEDS_HUB_MODEL.format(name="gather_data"))
+    """One row per dtype of `args.dtypes`: [dtype, largest layer bytes, total bytes, training sizes]."""
+    from ..utils.modeling import (  # deferred: the big-model helpers load only for this command
+        calculate_maximum_sizes,
+    )
+
+    try:
+        model = create_empty_model(
+            args.model_name,
+            library_name=args.library_name,
+            trust_remote_code=args.trust_remote_code,
+        )
+    except (RuntimeError, OSError, ValueError, KeyError) as err:
+        library = check_has_model(err)
+        if library != "unknown":
+            raise RuntimeError(
+                f"Tried to load `{args.model_name}` with `{library}` but a possible model to load "
+                "was not found inside the repo: check the name and `--library_name`."
+            ) from err
+        raise
+    total, (largest, _names) = calculate_maximum_sizes(model)
+    shrink = {"float32": 1, "float16": 2, "int8": 4, "int4": 8}  # bytes per parameter vs fp32
+    return [
+        [
+            dtype,
+            largest / shrink[dtype],
+            total / shrink[dtype],
+            estimate_training_usage(total, dtype),
+        ]
+        for dtype in args.dtypes
+    ]
 
 
 def estimate_command(args: argparse.Namespace) -> None:
-    """Print the memory table for `args.model_name` (not available in Cadence yet)."""
-    raise NotImplementedError(_NEEDS_HUB_MODEL.format(name="estimate-memory"))
+    """Print the memory table for `args.model_name`: per dtype, the largest layer, the whole model,
+    and the peak of a training step with Adam ("N/A" where it is not estimated)."""
+    from ..model_helpers import (  # deferred: loaded when the command runs
+        convert_bytes,
+    )
+
+    rows = []
+    for dtype, largest, total, training in gather_data(args):
+        peak = max(training.values())
+        rows.append(
+            [dtype, convert_bytes(largest), convert_bytes(total)]
+            + [convert_bytes(peak) if peak != -1 else "N/A"]
+        )
+    headers = ["dtype", "Largest Layer", "Total Size", "Training using Adam"]
+    print(create_ascii_table(headers, rows, f"Memory Usage for loading `{args.model_name}`"))
 
 
 def main() -> int:

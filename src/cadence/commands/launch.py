@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
 
     parser, options = build_launch_parser(make_parser)
     _known_options[:] = options
-    parser.set_defaults(func=launch_command, accepts_unknown=True)
+    parser.set_defaults(func=_cli_launch_command, accepts_unknown=True)
 
 
 def unknown_flags_message(unknown: list[str], known: list[str]) -> str:
@@ -66,14 +66,31 @@ def _flags_before_script(args: argparse.Namespace) -> list[str]:
     return found
 
 
+def _cli_launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -> int:
+    """`cadence launch` on the command line: an invalid launch is reported, exit code 2."""
+    from .launch_settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        LaunchPlanError,
+    )
+
+    try:
+        return launch_command(args, unknown)
+    except LaunchPlanError as err:
+        print(str(err), file=sys.stderr)
+        return 2
+
+
 def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -> int:
-    """Run `cadence launch` for `args` (the processes, or a dry run) and return the exit code."""
+    """Run `cadence launch` for `args` (the processes, or a dry run) and return the exit code.
+
+    An invalid launch (bad flags, config file or environment) raises `LaunchPlanError`, a
+    `ValueError` listing every problem, before anything starts, as the reference's `launch_command`
+    raises `ValueError`; the command line prints it and exits with code 2.
+    """
     from .launch_banner import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         format_banner,
         format_dry_run,
     )
     from .launch_plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
-        LaunchPlanError,
         build_plan,
     )
 
@@ -83,7 +100,7 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
         return 2
     dry_run = bool(getattr(args, "dry_run", False))
     for name in ("func", "accepts_unknown", "dry_run", "command"):
-        if hasattr(args, name):
+        if name in vars(args):
             delattr(args, name)
     from .launch_xla import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         wants_xla,
@@ -92,11 +109,7 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
 
     if wants_xla(args):  # --tpu, or a config file's distributed_type XLA: torch_xla's launcher
         return xla_launch(args, dry_run)
-    try:
-        plan = build_plan(args)
-    except LaunchPlanError as err:
-        print(str(err), file=sys.stderr)
-        return 2
+    plan = build_plan(args)
     if dry_run:
         print(format_dry_run(plan))
         return 0
@@ -111,6 +124,34 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     except KeyboardInterrupt:  # Ctrl-C before torch elastic took over the signals
         print("cadence launch: interrupted", file=sys.stderr)
         return 130
+
+
+def _validate_launch_command(
+    args: argparse.Namespace,
+) -> tuple[argparse.Namespace, Any, bool]:
+    """Merge the flags, the environment and the config file into `args`, as `cadence launch` does.
+
+    The reference's private step, kept for scripts that call it: every launch setting is resolved by
+    the launch plan (flags over environment over config file over defaults) and written back onto
+    `args`. Returns `(args, config, mixed_precision_from_config)`, `config` being the loaded config
+    file or None. Raises `LaunchPlanError` (listing every problem) when the launch is invalid.
+    """
+    from .config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        load_config_from_file,
+    )
+    from .launch_plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        build_plan,
+    )
+    from .launch_settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        CONFIG,
+    )
+
+    plan = build_plan(args)
+    for name, setting in plan.settings.items():
+        setattr(args, name, setting.value)
+    config = load_config_from_file(plan.config_file) if plan.config_file else None
+    from_config = plan.settings["mixed_precision"].source == CONFIG
+    return args, config, from_config
 
 
 # -- the reference's module-level names ------------------------------------------------------
@@ -166,7 +207,37 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         command_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
 
-    return command_parser(register, "launch", subparsers)
+    parser = command_parser(register, "launch", subparsers)
+    if subparsers is None:
+        # Standalone, its namespace answers for every flag (as the reference's parser does); the
+        # typed flags alone are in vars(args), which is what the launch plan reads.
+        defaults = {
+            action.dest: False if action.nargs == 0 and action.const is True else None
+            for action in parser._actions
+            if action.dest not in ("help", argparse.SUPPRESS)
+        }
+        namespace_type = type("LaunchNamespace", (LaunchNamespace,), {"_defaults": defaults})
+        parse_known_args = parser.parse_known_args
+
+        def parse_with_defaults(args: Any = None, namespace: Any = None) -> Any:
+            return parse_known_args(args, namespace_type() if namespace is None else namespace)
+
+        parser.parse_known_args = parse_with_defaults  # type: ignore[method-assign]
+    return parser
+
+
+class LaunchNamespace(argparse.Namespace):
+    """Flags parsed by a standalone `launch_command_parser()`. A typed flag is an attribute; one
+    that was not typed reads as its default (False for an on/off flag, None otherwise) without being
+    stored, so the launch plan still tells typed values from defaults."""
+
+    _defaults: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        defaults = type(self)._defaults
+        if name in defaults:
+            return defaults[name]
+        raise AttributeError(f"'LaunchNamespace' object has no attribute '{name}'")
 
 
 def _run_namespace(args: argparse.Namespace) -> None:

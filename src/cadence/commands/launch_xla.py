@@ -145,17 +145,17 @@ def worker_command(args: argparse.Namespace, config: Any) -> list[str]:
 
 
 def xla_launch(args: argparse.Namespace, dry_run: bool = False) -> int:
-    """Check, then run (or with `dry_run` only print) the XLA launch; returns the exit code."""
+    """Check, then run (or with `dry_run` only print) the XLA launch; returns the exit code.
+
+    An invalid XLA launch raises `LaunchPlanError` before anything starts."""
     config = _config(args)
     problems = _problems(args, config)
-    if problems:
-        print(
+    if problems:  # the command line prints it and exits with code 2, as for any invalid launch
+        raise LaunchPlanError(
             "cadence launch cannot start:\n  - "
             + "\n  - ".join(dict.fromkeys(problems))
-            + "\nNothing was started. See `cadence launch --help`.",
-            file=sys.stderr,
+            + "\nNothing was started. See `cadence launch --help`."
         )
-        return 2
     env, notes = plan_environment(args, config)
     command = worker_command(args, config)
     quiet = bool(getattr(args, "quiet", False))

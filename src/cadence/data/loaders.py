@@ -119,6 +119,20 @@ def plain_loader_like(loader: DataLoader) -> DataLoader:
     return cls(loader.dataset, **kwargs)
 
 
+class _instance_property(property):  # noqa: N801 (used as a decorator, like `property`)
+    """A property that exists on instances only: read on the class it raises AttributeError, as an
+    attribute set in `__init__` would (the reference's `base_dataloader` is one)."""
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            name = self.fget.__name__ if self.fget else "attribute"
+            raise AttributeError(
+                f"type object {getattr(objtype, '__name__', '?')!r} has no attribute {name!r}: "
+                "it belongs to each loader"
+            )
+        return super().__get__(obj, objtype)
+
+
 class DataLoaderAdapter(DataLoader):
     """Base of the prepared dataloaders: position tracking, exact resume, epoch propagation.
 
@@ -157,7 +171,7 @@ class DataLoaderAdapter(DataLoader):
             state["_iterator"] = None
         return state
 
-    @property
+    @_instance_property
     def base_dataloader(self) -> DataLoader:
         """The plain DataLoader this one reads through: same dataset, batch sampler and collation,
         without device placement or position tracking (built on first use, then kept).

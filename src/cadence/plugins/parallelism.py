@@ -54,7 +54,8 @@ class TorchContextParallelConfig:
             )
         if self.cp_comm_strategy not in ("allgather", "alltoall"):
             raise ValueError(
-                f"cp_comm_strategy must be 'allgather' or 'alltoall', got {self.cp_comm_strategy!r}."
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy}. Use 'allgather' or 'alltoall' "
+                "(argument or PARALLELISM_CONFIG_CP_COMM_STRATEGY)."
             )
 
 
@@ -82,6 +83,27 @@ class DeepSpeedSequenceParallelConfig:
             self.sp_attn_implementation = plugin_env_text(
                 "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"
             )
+        _check_sp_attn_implementation(self.sp_attn_implementation)
+
+
+# Attention kernels that Ulysses sequence parallelism can run: the built-in flash / sdpa ones, or a
+# flash-attention kernel hosted on the Hub ("org/flash-attn..."), which DeepSpeed checks itself later.
+SP_ATTN_BUILTIN = ("flash_attention_2", "flash_attention_3", "sdpa")
+
+
+def _check_sp_attn_implementation(name: str | None) -> None:
+    if name is None or name in SP_ATTN_BUILTIN:
+        return
+    if name in ("eager", "flex_attention"):
+        raise ValueError(
+            f"Invalid sp_attn_implementation: {name}. Sequence parallelism cannot use 'eager' or "
+            f"'flex_attention' attention; choose one of {list(SP_ATTN_BUILTIN)}."
+        )
+    if "/" not in name or "flash-attn" not in name:
+        raise ValueError(
+            f"Invalid sp_attn_implementation: {name}. Choose one of {list(SP_ATTN_BUILTIN)} or a "
+            "flash-attention kernel from the Hub such as 'kernels-community/flash-attn2'."
+        )
 
 
 def _env_size(name: str) -> int:
@@ -272,7 +294,8 @@ class ParallelismConfig:
             ("dp_cp", self.dp_cp_dim_names),
         ):
             if dims:
-                mesh[tuple(dims)]._flatten(flat_name)
+                # Indexed with the list itself, as the reference does (a DeviceMesh accepts it).
+                mesh[dims]._flatten(flat_name)
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:

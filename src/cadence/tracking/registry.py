@@ -195,7 +195,7 @@ def _check_installed(name: str) -> None:
 def _check_directory(name: str, logging_dir: Any) -> None:
     if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory and logging_dir is None:
         raise ValueError(
-            f"Logging with {name!r} needs a logging directory: pass project_dir=... (or a "
+            f"Logging with `{name}` requires a `logging_dir`: pass project_dir=... (or a "
             "project_config with logging_dir) to the Accelerator."
         )
 
