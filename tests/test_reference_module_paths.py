@@ -303,7 +303,6 @@ UNSUPPORTED = [
     ("cadence.utils", "convert_model", (None,), "Transformer Engine"),
     ("cadence.utils", "install_xla", (), "TPU"),
     ("cadence.utils", "prepare_sagemager_args_inputs", (None, None), "SageMaker"),
-    ("cadence.commands.tpu", "main", (), "TPU"),
     ("cadence.utils", "prepare_multi_gpu_env", (None,), "cadence launch"),
     ("cadence.utils", "save_fsdp_model", (None, None, None, "x"), "save_state"),
     ("cadence.utils", "set_numa_affinity", (0,), "numactl"),

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Add a module name here to add a command (e.g. "test", "merge").
-COMMAND_MODULES = ("config_cmd", "env", "launch", "merge_weights", "test_cmd")
+COMMAND_MODULES = ("config_cmd", "env", "launch", "merge_weights", "test_cmd", "tpu")
 
 
 def build_parser() -> argparse.ArgumentParser:
