@@ -107,6 +107,7 @@ def test_the_distributed_inference_example_runs_through_cadence_launch():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank"))
+    assert len(lines) == 2, (result.stdout, result.stderr[-3000:])
     # split_between_processes: 5 prompts, 3 on rank 0 and 2 on rank 1, all gathered in order
     assert lines[0].startswith("rank 0 scored prompts [0, 1, 2]")
     assert lines[1].startswith("rank 1 scored prompts [3, 4]")
