@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from .bigmodel.attach import (
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+)
 from .bigmodel.device_map import (
     check_device_map,
     get_balanced_memory,
@@ -26,8 +30,6 @@ from .bigmodel.hooks import (
     LayerwiseCastingHook,
     UserCpuOffloadHook,
     add_hook_to_module,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
 )
 from .bigmodel.loading import (
     load_checkpoint_in_model,

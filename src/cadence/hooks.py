@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from .bigmodel.attach import (
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    attach_execution_device_hook,
+)
 from .bigmodel.hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -10,9 +15,6 @@ from .bigmodel.hooks import (
     SequentialHook,
     UserCpuOffloadHook,
     add_hook_to_module,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-    attach_execution_device_hook,
     find_device,
     remove_hook_from_module,
     remove_hook_from_submodules,

@@ -11,6 +11,10 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from .attach import (
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+)
 from .device_map import get_balanced_memory, infer_auto_device_map, validate_device_map
 from .hooks import (
     AlignDevicesHook,
@@ -18,8 +22,6 @@ from .hooks import (
     LayerwiseCastingHook,
     UserCpuOffloadHook,
     add_hook_to_module,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
 )
 from .loading import load_checkpoint_in_model
 from .offload import (

@@ -1,27 +1,6 @@
-"""The reference's `utils.launch` path (home: `cadence.launch_env`)."""
+"""The reference's `utils.launch` path (home: `cadence.launch_env`, whose names it re-exports)."""
 
 from __future__ import annotations
 
-from ..launch_env import (
-    PrepareForLaunch,
-    env_var_path_add,
-    prepare_deepspeed_cmd_env,
-    prepare_extend_env_parallelism_config,
-    prepare_multi_gpu_env,
-    prepare_sagemager_args_inputs,
-    prepare_simple_launcher_cmd_env,
-    prepare_tpu,
-    setup_fp8_env,
-)
-
-__all__ = [
-    "PrepareForLaunch",
-    "env_var_path_add",
-    "prepare_deepspeed_cmd_env",
-    "prepare_extend_env_parallelism_config",
-    "prepare_multi_gpu_env",
-    "prepare_sagemager_args_inputs",
-    "prepare_simple_launcher_cmd_env",
-    "prepare_tpu",
-    "setup_fp8_env",
-]
+from ..launch_env import *  # noqa: F403 - the whole public surface of the home module
+from ..launch_env import __all__ as __all__

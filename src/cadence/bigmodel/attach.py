@@ -1,0 +1,209 @@
+"""Attaching the device hooks to a model's modules: one per module holding weights, or one per block
+of a device map (what `dispatch_model` and `cpu_offload` build on; the hooks are in `hooks.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from .hooks import AlignDevicesHook, add_hook_to_module
+from .offload import PrefixedDataset
+from .sizes import named_module_tensors
+
+
+def attach_execution_device_hook(
+    module: nn.Module,
+    execution_device: Union[int, str, torch.device],
+    skip_keys: Optional[Union[str, list[str]]] = None,
+    preload_module_classes: Optional[list[str]] = None,
+    tied_params_map: Optional[dict[int, dict[torch.device, torch.Tensor]]] = None,
+) -> None:
+    """Give `module` and its submodules that hold weights a hook moving their inputs to `execution_device`
+    (modules that already have a hook keep it)."""
+    if not hasattr(module, "_hf_hook") and len(module.state_dict()) > 0:
+        add_hook_to_module(
+            module,
+            AlignDevicesHook(
+                execution_device, skip_keys=skip_keys, tied_params_map=tied_params_map
+            ),
+        )
+    if preload_module_classes and module.__class__.__name__ in preload_module_classes:
+        return  # its hook places the whole subtree
+    for child in module.children():
+        attach_execution_device_hook(
+            child, execution_device, skip_keys, preload_module_classes, tied_params_map
+        )
+
+
+def attach_align_device_hook(
+    module: nn.Module,
+    execution_device: Optional[torch.device] = None,
+    offload: bool = False,
+    weights_map: Optional[Mapping] = None,
+    offload_buffers: bool = False,
+    module_name: str = "",
+    skip_keys: Optional[Union[str, list[str]]] = None,
+    preload_module_classes: Optional[list[str]] = None,
+    tied_params_map: Optional[dict[int, dict[torch.device, torch.Tensor]]] = None,
+) -> None:
+    """Attach an AlignDevicesHook to every submodule of `module` that holds weights directly.
+
+    `weights_map` holds the weights of the whole of `module` (names relative to it, under
+    `module_name` when it is a submodule of the map's model). A module whose class is in
+    `preload_module_classes` gets one hook loading its whole subtree at once.
+    """
+    has_direct = any(True for _ in named_module_tensors(module))
+    full_offload = (
+        offload
+        and preload_module_classes is not None
+        and module.__class__.__name__ in preload_module_classes
+    )
+    if has_direct or full_offload:
+        prefixed = None
+        if weights_map is not None:
+            prefixed = PrefixedDataset(weights_map, f"{module_name}." if module_name else "")
+        hook = AlignDevicesHook(
+            execution_device=execution_device,
+            offload=offload,
+            weights_map=prefixed,
+            offload_buffers=offload_buffers,
+            place_submodules=full_offload,
+            skip_keys=skip_keys,
+            tied_params_map=tied_params_map,
+        )
+        add_hook_to_module(module, hook, append=True)
+    if full_offload:
+        return
+    for child_name, child in module.named_children():
+        attach_align_device_hook(
+            child,
+            execution_device=execution_device,
+            offload=offload,
+            weights_map=weights_map,
+            offload_buffers=offload_buffers,
+            module_name=f"{module_name}.{child_name}" if module_name else child_name,
+            skip_keys=skip_keys,
+            preload_module_classes=preload_module_classes,
+            tied_params_map=tied_params_map,
+        )
+
+
+def attach_align_device_hook_on_blocks(
+    module: nn.Module,
+    execution_device: Optional[Union[torch.device, dict[str, torch.device]]] = None,
+    offload: Union[bool, dict[str, bool]] = False,
+    weights_map: Optional[Mapping] = None,
+    offload_buffers: bool = False,
+    module_name: str = "",
+    skip_keys: Optional[Union[str, list[str]]] = None,
+    preload_module_classes: Optional[list[str]] = None,
+    tied_params_map: Optional[dict[int, dict[torch.device, torch.Tensor]]] = None,
+) -> None:
+    """Attach the hooks of a dispatched model: one per block of `execution_device` / `offload`
+    (dicts keyed by module name, as a device map).
+
+    A block that is not offloaded gets its weights moved to its device once; an offloaded block
+    gets hooks bringing its weights in for each forward. The top module moves outputs back to the
+    device of the inputs.
+    """
+    if not isinstance(execution_device, Mapping) and not isinstance(offload, dict):
+        if not offload:
+            add_hook_to_module(
+                module,
+                AlignDevicesHook(
+                    execution_device=execution_device,
+                    io_same_device=True,
+                    skip_keys=skip_keys,
+                    place_submodules=True,
+                    tied_params_map=tied_params_map,
+                ),
+            )
+        else:
+            attach_align_device_hook(
+                module,
+                execution_device=execution_device,
+                offload=True,
+                weights_map=weights_map,
+                offload_buffers=offload_buffers,
+                module_name=module_name,
+                skip_keys=skip_keys,
+                tied_params_map=tied_params_map,
+            )
+        return
+    if not isinstance(execution_device, Mapping):
+        execution_device = dict.fromkeys(offload, execution_device)
+    if not isinstance(offload, Mapping):
+        offload = dict.fromkeys(execution_device, offload)
+
+    if module_name in execution_device and module_name in offload and not offload[module_name]:
+        add_hook_to_module(
+            module,
+            AlignDevicesHook(
+                execution_device=execution_device[module_name],
+                offload_buffers=offload_buffers,
+                io_same_device=(module_name == ""),
+                place_submodules=True,
+                skip_keys=skip_keys,
+                tied_params_map=tied_params_map,
+            ),
+        )
+        attach_execution_device_hook(
+            module,
+            execution_device[module_name],
+            skip_keys=skip_keys,
+            tied_params_map=tied_params_map,
+        )
+    elif module_name in execution_device and module_name in offload:
+        attach_align_device_hook(
+            module,
+            execution_device=execution_device[module_name],
+            offload=True,
+            weights_map=weights_map,
+            offload_buffers=offload_buffers,
+            module_name=module_name,
+            skip_keys=skip_keys,
+            preload_module_classes=preload_module_classes,
+            tied_params_map=tied_params_map,
+        )
+        if not hasattr(module, "_hf_hook"):
+            add_hook_to_module(
+                module,
+                AlignDevicesHook(
+                    execution_device=execution_device[module_name],
+                    io_same_device=(module_name == ""),
+                    skip_keys=skip_keys,
+                    tied_params_map=tied_params_map,
+                ),
+            )
+        attach_execution_device_hook(
+            module,
+            execution_device[module_name],
+            skip_keys=skip_keys,
+            preload_module_classes=preload_module_classes,
+            tied_params_map=tied_params_map,
+        )
+    elif module_name == "":
+        add_hook_to_module(
+            module,
+            AlignDevicesHook(
+                execution_device=execution_device.get(""),
+                io_same_device=True,
+                skip_keys=skip_keys,
+                tied_params_map=tied_params_map,
+            ),
+        )
+    for child_name, child in module.named_children():
+        attach_align_device_hook_on_blocks(
+            child,
+            execution_device=execution_device,
+            offload=offload,
+            weights_map=weights_map,
+            offload_buffers=offload_buffers,
+            module_name=f"{module_name}.{child_name}" if module_name else child_name,
+            skip_keys=skip_keys,
+            preload_module_classes=preload_module_classes,
+            tied_params_map=tied_params_map,
+        )
