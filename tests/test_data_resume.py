@@ -91,7 +91,8 @@ def interrupted(case: str, rank: int, epoch: int, consumed: int):
     epochs = [as_lists(loader) for _ in range(epoch)]
     iterator = iter(loader)
     partial = [next(iterator).tolist() for _ in range(consumed)]
-    state, rng = through_file(loader.state_dict()), torch.get_rng_state()
+    # What save_state writes: for a stateful loader, Cadence's exact position beside torchdata's state.
+    state, rng = through_file(loader.checkpoint_state_dict()), torch.get_rng_state()
     del iterator, loader
 
     resumed = build(case, rank)

@@ -14,6 +14,7 @@ last window of one; DDP averages the two ranks.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -25,7 +26,7 @@ def prepared(adjust_last_window: bool = True):
     plugin = GradientAccumulationPlugin(num_steps=2, adjust_last_window=adjust_last_window)
     acc = Accelerator(cpu=True, gradient_accumulation_plugin=plugin)
     model = torch.nn.Linear(1, 1, bias=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # a step's update is its gradient
     samples = torch.arange(1.0, 11.0).unsqueeze(1)
     loader = DataLoader(TensorDataset(samples), batch_size=1)
     return (acc, *acc.prepare(model, optimizer, loader))
@@ -33,26 +34,28 @@ def prepared(adjust_last_window: bool = True):
 
 def two_losses_per_micro_step(adjust_last_window: bool) -> list[float]:
     acc, model, optimizer, loader = prepared(adjust_last_window)
-    gradients = []
+    weight = acc.unwrap_model(model).weight
+    updates = []
     for (x,) in loader:
         with acc.accumulate(model):
             acc.backward(model(x).sum())  # d/dw = x
             acc.backward((2 * model(x)).sum())  # d/dw = 2x
-            if acc.sync_gradients:
-                gradients.append(acc.unwrap_model(model).weight.grad.item())
+            before = weight.item()
             optimizer.step()
+            if acc.sync_gradients:
+                updates.append(before - weight.item())
             optimizer.zero_grad()
-    return gradients
+    return updates
 
 
 def test_several_backward_calls_in_the_closing_micro_step_count_once(dist_pool):
     # Each micro-step contributes 3x; a window's update is the mean over its micro-steps.
     full_windows = [3 * ((1 + 3) / 2 + (2 + 4) / 2) / 2, 3 * ((5 + 7) / 2 + (6 + 8) / 2) / 2]
     results = dist_pool(2).run(two_losses_per_micro_step, True)
-    assert results == [[*full_windows, 3 * (9 + 10) / 2]] * 2
+    assert results == [pytest.approx([*full_windows, 3 * (9 + 10) / 2])] * 2
     # The switch gives the reference's numbers: every loss divided by num_steps, the last window too.
     results = dist_pool(2).run(two_losses_per_micro_step, False)
-    assert results == [[*full_windows, 3 * (9 / 2 + 10 / 2) / 2]] * 2
+    assert results == [pytest.approx([*full_windows, 3 * (9 / 2 + 10 / 2) / 2])] * 2
 
 
 def backward_after_the_loop() -> tuple[float, float]:
@@ -75,3 +78,41 @@ def backward_after_the_loop() -> tuple[float, float]:
 def test_a_backward_outside_accumulate_is_not_reweighted(dist_pool):
     results = dist_pool(2).run(backward_after_the_loop)
     assert results == [((1 / 2 + 2 / 2) / 2, 1.0)] * 2
+
+
+def gradients_and_updates(max_norm: float | None) -> list[tuple[float, float, float, float]]:
+    acc, model, optimizer, loader = prepared()
+    weight = acc.unwrap_model(model).weight
+    seen = []
+    for (x,) in loader:
+        with acc.accumulate(model):
+            acc.backward(model(x).sum())
+            if not acc.sync_gradients:
+                continue
+            after_backward = weight.grad.item()
+            norm = float("nan")
+            if max_norm is not None:
+                norm = float(acc.clip_grad_norm_(model.parameters(), max_norm))
+            before = weight.item()
+            optimizer.step()
+            seen.append((after_backward, before - weight.item(), weight.grad.item(), norm))
+            optimizer.zero_grad()
+    return seen
+
+
+def test_the_step_reweights_and_the_gradients_stay_the_reference_ones(dist_pool):
+    """Between backward and step the gradients are the reference's (loss / num_steps, the last window
+    too); the optimizer step uses the reweighted ones and puts the reference's back."""
+    full_windows = [((1 + 3) / 2 + (2 + 4) / 2) / 2, ((5 + 7) / 2 + (6 + 8) / 2) / 2]
+    last_reference, last_reweighted = (9 / 2 + 10 / 2) / 2, (9 + 10) / 2
+    for seen in dist_pool(2).run(gradients_and_updates, None):
+        grads, updates, after_step, _ = zip(*seen)
+        assert list(grads) == pytest.approx([*full_windows, last_reference])
+        assert list(updates) == pytest.approx([*full_windows, last_reweighted])
+        assert after_step == grads
+    # Clipping applies to the gradient the step uses: the norm returned is that one's, and with
+    # max_norm 1 every update (all larger than 1) is exactly 1.
+    for seen in dist_pool(2).run(gradients_and_updates, 1.0):
+        _, updates, _, norms = zip(*seen)
+        assert list(norms) == pytest.approx([*full_windows, last_reweighted])
+        assert list(updates) == pytest.approx([1.0, 1.0, 1.0], rel=1e-5)

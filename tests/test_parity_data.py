@@ -190,7 +190,9 @@ def test_stateful_state_dict_has_torchdata_layout():
     reference = stateful.StatefulDataLoader(dataset, batch_size=2)
     assert isinstance(prepared, stateful.StatefulDataLoader)
     torchdata_keys = set(reference.state_dict())
-    assert set(prepared.state_dict()) - {"_cadence_position"} == torchdata_keys
+    assert set(prepared.state_dict()) == torchdata_keys
+    # save_state keeps Cadence's exact position beside torchdata's state, under one more key.
+    assert set(prepared.checkpoint_state_dict()) == torchdata_keys | {"_cadence_position"}
 
     def counters(state):
         return state["_num_yielded"], state["_sampler_iter_yielded"], state["_iterator_finished"]
@@ -230,19 +232,83 @@ def stateful_round_trip(path: str):
     next(iterator)
     state = loader.state_dict()
     torch.save(state, f"{path}.{acc.process_index}")
+    acc.save_state(f"{path}-checkpoint")
     rest = [b[0].tolist() for b in iterator]
 
+    # torchdata's own state, loaded as torchdata loads it: the batches handed out are skipped.
     again = acc.prepare(DataLoader(dataset, batch_size=2, shuffle=True))
     again.load_state_dict(torch.load(f"{path}.{acc.process_index}", weights_only=True))
-    return state["_num_yielded"], rest, [b[0].tolist() for b in again]
+    counted = [b[0].tolist() for b in again]
+    # save_state's checkpoint: Cadence's exact position rides along, the same order resumes.
+    acc.load_state(f"{path}-checkpoint")
+    exact = [b[0].tolist() for b in loader]
+    return state["_num_yielded"], rest, counted, exact
 
 
 def test_stateful_state_round_trip_on_two_processes(dist_pool, tmp_path):
     pytest.importorskip("torchdata.stateful_dataloader")
-    for num_yielded, rest, resumed in dist_pool(2).run(stateful_round_trip, str(tmp_path / "s")):
+    results = dist_pool(2).run(stateful_round_trip, str(tmp_path / "s"))
+    for num_yielded, rest, counted, exact in results:
         assert num_yielded == 1
         assert len(rest) == 3  # 16 samples, 2 per batch, 2 processes: 4 batches each
-        assert resumed == rest  # Cadence's own position rides along: the same order resumes
+        assert len(counted) == 3  # the rest of the epoch, as torchdata counts it
+        assert exact == rest
+    # the two processes still read disjoint halves of the resumed epoch
+    for halves in (zip(*(r[1] for r in results)), zip(*(r[3] for r in results))):
+        for first, second in halves:
+            assert not set(first) & set(second)
+
+
+def _four_loaders(num_workers: int):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from cadence.data_loader import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
+
+    def options():
+        return dict(
+            batch_size=4, num_workers=num_workers, generator=torch.Generator().manual_seed(3)
+        )
+
+    dataset = list(range(48))
+    return [
+        StatefulDataLoader(dataset, **options()),
+        SkipDataLoader(dataset, use_stateful_dataloader=True, **options()),
+        DataLoaderShard(dataset, use_stateful_dataloader=True, **options()),
+        DataLoaderDispatcher(dataset, use_stateful_dataloader=True, **options()),
+    ]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_loaders_report_what_torchdata_reports(num_workers):
+    """A stateful Cadence loader's state_dict() is torchdata's after the batches handed out (it reads
+    one batch ahead, torchdata does not), and torchdata's state loads into it."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    from cadence import PartialState
+
+    PartialState(cpu=True)
+    loaders = _four_loaders(num_workers)
+    seen = []
+    for loader in loaders:
+        batches = []
+        for batch in loader:
+            batches.append(batch.tolist())
+            if len(batches) == 5:
+                break
+        seen.append(batches)
+    assert all(batches == seen[0] for batches in seen)
+    expected = loaders[0].state_dict()
+    for loader in loaders[1:]:
+        assert loader.state_dict() == expected
+    # Loaded into fresh loaders, the state resumes after the fifth batch (12 batches in all).
+    for loader in _four_loaders(num_workers):
+        loader.load_state_dict(expected)
+        assert [batch.tolist() for batch in loader] == [
+            list(range(i, i + 4)) for i in range(20, 48, 4)
+        ]
+    # After a whole epoch, all say that the iterator finished.
+    for loader in _four_loaders(num_workers):
+        list(loader)
+        assert loader.state_dict()["_iterator_finished"] is True
 
 
 def join_with_an_iterable_loader():

@@ -445,9 +445,10 @@ class GradientAccumulationPlugin(KwargsHandler):
     reference's fields, plus one Cadence switch at the end).
 
     `adjust_last_window` (Cadence only, default True): when a dataloader ends inside an accumulation
-    window, the shorter last window's update is the mean gradient of the micro-batches it holds.
-    False divides every micro-step by `num_steps`, as the reference does, so the last update is
-    smaller. See docs/differences.md.
+    window, the shorter last window's update is the mean gradient of the micro-batches it holds (the
+    prepared optimizer's step rescales the gradients it uses; those read between backward and step
+    are the reference's). False steps with every micro-step divided by `num_steps`, as the reference
+    does, so the last update is smaller. See docs/differences.md.
 
     Example::
 

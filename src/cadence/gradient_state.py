@@ -87,6 +87,15 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
+    @property
+    def window_factor(self) -> float:
+        """What the optimizer step multiplies the gradients by (Cadence only): `num_steps / micro-steps`
+        while a dataloader's last, shorter accumulation window closes (`adjust_last_window`), else 1."""
+        return self.__dict__.get("_window_factor", 1.0)
+
+    def _set_window_factor(self, factor: float) -> None:
+        self._window_factor = factor
+
     def __getstate__(self) -> dict[str, Any]:
         # Dataloaders are held weakly and weak references do not pickle: a copy is outside any loop.
         state = dict(self.__dict__)

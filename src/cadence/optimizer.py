@@ -119,9 +119,25 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Step the optimizer on sync steps only (via the fp16 grad scaler); returns its result."""
         if not self.gradient_state.sync_gradients:
             return None
-        if self.scaler is None:
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        return self._scaled_step(closure)
+        factor = self.gradient_state.window_factor
+        if factor != 1.0:  # a dataloader's last, shorter window (see GradientState.window_factor)
+            self._scale_gradients(factor)
+        try:
+            if self.scaler is None:
+                return (
+                    self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+                )
+            return self._scaled_step(closure)
+        finally:
+            if factor != 1.0:  # the gradients read after the step are the ones backward left
+                self._scale_gradients(1.0 / factor)
+
+    def _scale_gradients(self, factor: float) -> None:
+        with torch.no_grad():
+            for group in self.optimizer.param_groups:
+                for parameter in group["params"]:
+                    if parameter.grad is not None:
+                        parameter.grad.mul_(factor)
 
     def _scaled_step(self, closure: Any) -> Any:
         stepped = False

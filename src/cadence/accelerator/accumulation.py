@@ -2,7 +2,8 @@
 
 `GradientAccumulation` counts micro-steps, tells `GradientState` whether this one synchronises, divides
 the loss by the number of accumulation steps, hands it to the strategy's backward (which scales it as its
-precision says), and reweights the last, shorter window of a dataloader (see `adjust_last_window`).
+precision says), and decides how the optimizer step reweights the last, shorter window of a dataloader
+(`GradientState.window_factor`, see `adjust_last_window`).
 """
 
 from __future__ import annotations
@@ -32,15 +33,13 @@ class GradientAccumulation:
         self.step = 0
         # Micro-batches in the window that ends with this step (0 while the window is still open).
         self.micro_steps_in_window = 0
-        # Inside `accumulate()` only: a dataloader's last, shorter window is reweighted, once per window,
-        # by the backward calls of the micro-step that closes it (never by a backward outside the block).
+        # Inside `accumulate()` only: a dataloader's last, shorter window is reweighted (see backward).
         self._in_micro_step = False
-        self._window_reweighted = False
 
     def begin_micro_step(self) -> None:
         """Advance the counter and decide whether this micro-step synchronises gradients."""
         state = self.gradient_state
-        self._window_reweighted = False
+        state._set_window_factor(1.0)
         steps = state.num_steps
         if state.sync_with_dataloader and state.end_of_dataloader:
             self.micro_steps_in_window = self.step % steps + 1
@@ -78,11 +77,13 @@ class GradientAccumulation:
             )
         steps = self.gradient_state.num_steps
         strategy = self.strategy
-        factor = self._short_window_factor(steps)
         if steps > 1 and strategy.divides_loss_for_accumulation:
-            # A further backward of a micro-step whose window was already reweighted: divide by the
-            # micro-steps the window really holds, so every loss of the window counts the same.
-            loss = loss / (steps / factor if self._window_reweighted else steps)
+            loss = loss / steps
+        # The last window of a dataloader may hold fewer than N micro-batches, each divided by N: the
+        # optimizer step multiplies the gradients by N / micro-batches (and puts them back after), so
+        # the update is their mean while the gradients seen between backward and step stay the
+        # reference's. A backward outside `accumulate()` resets it.
+        self.gradient_state._set_window_factor(self._short_window_factor(steps))
         syncs = self.gradient_state.sync_gradients
         if self.prepared.models and syncs and strategy.context.use_distributed:
             # The wrapped model all-reduces gradients during backward: the watchdog must see it.
@@ -90,9 +91,6 @@ class GradientAccumulation:
                 strategy.backward(loss, **kwargs)
         else:
             strategy.backward(loss, **kwargs)
-        if factor != 1.0 and not self._window_reweighted:
-            self._reweight_partial_window(factor)
-            self._window_reweighted = True
 
     def _short_window_factor(self, steps: int) -> float:
         """`num_steps / micro-steps` when this backward closes a dataloader's shorter last window
@@ -106,15 +104,6 @@ class GradientAccumulation:
         ):
             return 1.0
         return steps / self.micro_steps_in_window
-
-    def _reweight_partial_window(self, factor: float) -> None:
-        # The last window of a dataloader holds fewer than N micro-batches, each divided by N: rescale
-        # so the update is the mean gradient of the micro-batches actually accumulated.
-        with torch.no_grad():
-            for model in self.prepared.models:
-                for parameter in model.parameters():
-                    if parameter.grad is not None:
-                        parameter.grad.mul_(factor)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide fp16 gradients by the loss scale (once per step); a no-op without fp16."""

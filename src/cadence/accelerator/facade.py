@@ -430,14 +430,21 @@ class Accelerator:
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
     ) -> torch.Tensor:
-        """Unscale, then clip the gradients' total norm; returns the norm before clipping."""
+        """Unscale, then clip the gradients' total norm; returns the norm before clipping.
+
+        When a dataloader's last, shorter accumulation window closes, the optimizer step multiplies
+        the gradients by `window_factor` (docs/differences.md): the clip and the norm returned are
+        those of the gradients the step uses."""
         self.unscale_gradients()
-        return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+        factor = self.gradient_state.window_factor
+        norm = self._strategy.clip_grad_norm_(parameters, max_norm / factor, norm_type)
+        return norm * factor if factor != 1.0 else norm
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Unscale, then clip every gradient value to [-clip_value, clip_value]."""
+        """Unscale, then clip every gradient value to [-clip_value, clip_value] (of the gradients the
+        optimizer step uses, as `clip_grad_norm_` does)."""
         self.unscale_gradients()
-        self._strategy.clip_grad_value_(parameters, clip_value)
+        self._strategy.clip_grad_value_(parameters, clip_value / self.gradient_state.window_factor)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:

@@ -46,6 +46,7 @@ from .rotation import (
     prune_checkpoints,
 )
 from .serialization import capture_rng_state, save
+from .state_fit import loader_checkpoint_state
 from .state_io import (
     StateTargets,
     apply_training_state,
@@ -208,7 +209,7 @@ class Checkpointer:
                 files[custom_state_file(i)] = ("object", obj.state_dict())
         for i, loader in enumerate(prepared.dataloaders):
             if hasattr(loader, "state_dict"):
-                files[dataloader_rank_file(i, rank)] = ("object", loader.state_dict())
+                files[dataloader_rank_file(i, rank)] = ("object", loader_checkpoint_state(loader))
         files[rng_state_file(rank)] = ("object", capture_rng_state(step=self.get_step()))
         return files
 
@@ -223,6 +224,10 @@ class Checkpointer:
         rank, world = self.process_index, self.num_processes
         if config.automatic_checkpoint_naming and self.is_main_process and final.parent.is_dir():
             cleanup_checkpoints_dir(final.parent)  # leftovers of saves killed earlier
+            if config.total_limit is not None:
+                # A save killed between its commit and its pruning left one checkpoint too many:
+                # prune before writing, so a kill never leaves more than total_limit + 1.
+                prune_checkpoints(final.parent, max(config.total_limit, 1), background=False)
         # A collective: also keeps the others from starting their folders before that cleanup.
         token, folder_ranks = self._folder_plan(final)
         main = rank == folder_ranks[0]  # this folder's committer

@@ -192,16 +192,28 @@ def scheduler_state_problems(scheduler: Any, state: Any, label: str = "scheduler
     return problems
 
 
+def loader_checkpoint_state(loader: Any) -> Any:
+    """What a checkpoint holds for `loader`: its `checkpoint_state_dict()` (a prepared loader's, which
+    keeps Cadence's exact position beside a stateful loader's torchdata state), else `state_dict()`."""
+    own = getattr(loader, "checkpoint_state_dict", None)
+    return own() if callable(own) else loader.state_dict()
+
+
 def loader_state_problems(loader: Any, state: Any, label: str = "dataloader") -> list[str]:
-    """A dataloader position must have the layout of this loader's own state_dict()."""
+    """A dataloader position must have the layout of this loader's own checkpoint state."""
     import torch
 
     if not isinstance(state, Mapping):
         return [f"{label}: the saved position is a {type(state).__name__}, not a dict"]
     try:
-        own = loader.state_dict()
+        own = loader_checkpoint_state(loader)
     except Exception:
         return []
+    exact = "_cadence_position"  # a stateful loader's exact position, beside torchdata's state
+    if isinstance(own, Mapping) and isinstance(own.get(exact), Mapping) and exact in state:
+        own, state = own[exact], state[exact]
+        if not isinstance(state, Mapping):
+            return [f"{label}: the saved exact position is a {type(state).__name__}, not a dict"]
     if not isinstance(own, Mapping) or "generator_names" not in own:
         return []  # not a Cadence loader: its load_state_dict checks its own format
     problems = []
@@ -331,6 +343,12 @@ def snapshot_state_dict(obj: Any) -> Callable[[], Any]:
     """Snapshot by a deep copy of obj.state_dict(); restore with obj.load_state_dict(copy)."""
     saved = copy.deepcopy(obj.state_dict())
     return lambda: obj.load_state_dict(saved)
+
+
+def snapshot_loader(loader: Any) -> Callable[[], Any]:
+    """Snapshot a dataloader by a copy of its checkpoint state (its exact position included)."""
+    saved = copy.deepcopy(loader_checkpoint_state(loader))
+    return lambda: loader.load_state_dict(saved)
 
 
 def snapshot_optimizer(optimizer: Any) -> Callable[[], Any]:

@@ -38,6 +38,7 @@ from .state_fit import (
     raise_if_problems,
     rng_state_problems,
     scheduler_state_problems,
+    snapshot_loader,
     snapshot_model,
     snapshot_optimizer,
     snapshot_state_dict,
@@ -168,7 +169,7 @@ def apply_training_state(
     if loaded.rng is not None:
         steps.append(_rng_step(loaded.rng))
     steps += [
-        _load_step(f"dataloader {i}", targets.loaders[i], state)
+        _load_step(f"dataloader {i}", targets.loaders[i], state, snapshot=snapshot_loader)
         for i, state in loaded.loaders.items()
     ]
     steps += [

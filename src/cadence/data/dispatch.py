@@ -29,6 +29,7 @@ from .mixed_batches import (
     slice_batch,
     tensors_of,
 )
+from .stateful_layout import TORCHDATA_SKIPS, live_state
 
 _STOP, _BATCH, _ERROR = "stop", "batch", "error"
 
@@ -70,18 +71,22 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
         resume_skip = (
             resume["batches_yielded"] if resume is not None and not self.skip_batches else 0
         )
-        skip = self.skip_batches + resume_skip
+        # torchdata skips the batches of a state it resumes; Cadence skips those of its own position
+        by_torchdata = resume is not None and resume.get(TORCHDATA_SKIPS)
+        skip = self.skip_batches + (0 if by_torchdata else resume_skip)
         is_main = self.state.process_index == 0
+        self._handed_out_state = None
         # Every process creates the base iterator (as the reference does, for its RNG draws); only the
         # main process reads from it.
         iterator, first, snapshot = self._open_base_iterator(resume, 0, fetch_first=is_main)
-        position.start_epoch(snapshot, skip)
+        position.start_epoch(snapshot, self.skip_batches + resume_skip)
         producer = self._produce(iterator, first, skip, resume_skip > 0) if is_main else None
         yielded = position.yielded
         while True:
             header, batch = self._next_header(producer)
             kind = header[0]
             if kind == _STOP:
+                self._handed_out_state = None
                 if header[1]:
                     self.end_of_dataloader = True
                     position.finish_epoch()
@@ -115,6 +120,9 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
                 self.end()
                 return
             yield batch
+
+    def _base_batches_per_batch(self) -> int:
+        return 1 if self.split_batches else self.state.num_processes
 
     def _next_header(self, producer: Iterator[Any] | None) -> tuple[list[Any], Any]:
         """The next header on every process (the batch itself stays on the main process).
@@ -150,10 +158,14 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
             current = next(stream, _EXHAUSTED)
             skip -= 1
         had_batches = current is not _EXHAUSTED or resumed or head is not None
+        # A stateful loader notes torchdata's state after fetching each batch, before the look-ahead.
+        stateful = self.use_stateful_dataloader
+        state_of_current = live_state(self) if stateful and current is not _EXHAUSTED else None
         while current is not _EXHAUSTED:
             head = self._head_of(current) if head is None else head
             upcoming = next(stream, _EXHAUSTED)
             is_last = upcoming is _EXHAUSTED
+            state_of_upcoming = live_state(self) if stateful and not is_last else None
             observed = samples_in(current)
             batch = current
             if is_last and not self._drop_last:
@@ -162,8 +174,12 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
             structure = get_data_structure(batch)
             if holds_objects(batch):
                 _check_picklable(structure)
+            if stateful:
+                if is_last:  # as the reference does, the last batch's state says the epoch is over
+                    state_of_current["_iterator_finished"] = True
+                self._handed_out_state = state_of_current
             yield [_BATCH, structure, is_last, observed], batch
-            current = upcoming
+            current, state_of_current = upcoming, state_of_upcoming
         yield [_STOP, had_batches], None
 
     def _global_batches(self, iterator: Iterator[Any], first: Any) -> Iterator[Any]:

@@ -25,6 +25,16 @@ from .position import (
 )
 from .samplers import ResumeSkip, SkipBatchSampler, get_sampler
 from .sharding import IterableDatasetShard
+from .stateful_layout import (
+    TORCHDATA_SKIPS,
+    forget_torchdata_state,
+    from_torchdata_layout,
+    hand_to_torchdata,
+    is_torchdata_layout,
+    live_state,
+    split_cadence_position,
+    with_cadence_position,
+)
 
 _EXHAUSTED = object()
 
@@ -195,14 +205,61 @@ class DataLoaderAdapter(DataLoader):
         self._position.epoch = value
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands (epoch, batches handed out, generator states): plain values and
-        tensors, loadable with torch.load(weights_only=True)."""
-        return position_state_dict(self, self._position)
+        """Where this loader stands, as plain values and tensors (torch.load(weights_only=True)).
+
+        Cadence's own position (epoch, batches handed out, generator states) that resumes exactly; with
+        `use_stateful_dataloader=True`, torchdata's StatefulDataLoader state after the batches handed
+        out so far, as the reference returns it (see data/stateful_layout.py).
+        """
+        if not self.use_stateful_dataloader:
+            return position_state_dict(self, self._position)
+        return self._torchdata_state()
+
+    def checkpoint_state_dict(self) -> dict[str, Any]:
+        """What save_state writes for this loader: `state_dict()`, with Cadence's exact position
+        beside torchdata's state for a stateful loader, so that load_state resumes the same order."""
+        exact = position_state_dict(self, self._position)
+        if not self.use_stateful_dataloader:
+            return exact
+        return with_cadence_position(self._torchdata_state(), exact)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue, at the next iteration, from the batch after the last one handed out before the
-        state was taken, with the same samples in the same order."""
-        load_position(self, self._position, state_dict)
+        state was taken: with the same samples in the same order from Cadence's position, or as
+        torchdata resumes its own state (a stateful loader's `state_dict()`, or one torchdata wrote)."""
+        if not (self.use_stateful_dataloader and is_torchdata_layout(state_dict)):
+            load_position(self, self._position, state_dict)
+            return
+        torchdata_state, exact = split_cadence_position(state_dict)
+        self.__dict__.pop("_handed_out_state", None)
+        if exact is not None and exact.get("exact", True) and self.resume_exact_order:
+            load_position(self, self._position, exact)  # validates before anything changes
+            forget_torchdata_state(self)  # Cadence replays the saved epoch itself
+            self._loaded_torchdata_state = torchdata_state
+            return
+        counted = from_torchdata_layout(
+            torchdata_state, self._position.epoch, self._base_batches_per_batch(), True
+        )
+        load_position(self, self._position, counted)
+        hand_to_torchdata(self, torchdata_state)
+        self._loaded_torchdata_state = torchdata_state
+
+    def _torchdata_state(self) -> dict[str, Any]:
+        handed_out = self.__dict__.get("_handed_out_state")
+        if handed_out is not None:  # an epoch under way: the state as of the last batch handed out
+            return handed_out
+        loaded = self.__dict__.get("_loaded_torchdata_state")
+        if loaded is not None and self._position.pending is not None:
+            return loaded  # loaded, not yet resumed
+        if self._iterator is None:
+            # torchdata creates the epoch's iterator now and reuses it at the next iteration: the
+            # random states the epoch starts from are the ones of this moment.
+            self._early_snapshot = take_snapshot(self, with_global=True)
+        return live_state(self)
+
+    def _base_batches_per_batch(self) -> int:
+        """How many batches of torchdata's iterator make one batch handed out."""
+        return 1
 
     @property
     def _index_sampler(self) -> Any:
@@ -221,14 +278,23 @@ class DataLoaderAdapter(DataLoader):
         returns to its loaded state, so the rest of training sees the RNG it had when it was saved.
         """
         loaded_global = None
-        if resume is not None:
+        early = self.__dict__.pop("_early_snapshot", None)
+        self.__dict__.pop("_loaded_torchdata_state", None)
+        if resume is not None and not resume.get(TORCHDATA_SKIPS):
             restore_generators(self, resume)
             if "torch_rng_state" in resume:
                 loaded_global = torch.get_rng_state()
                 torch.set_rng_state(resume["torch_rng_state"])
-            if index_skip and self.persistent_workers and self.num_workers > 0:
+            if self.use_stateful_dataloader:
+                # An iterator torchdata made earlier (state_dict() before iterating) drew its order
+                # from other random states.
+                forget_torchdata_state(self)
+                early = None
+            elif index_skip and self.persistent_workers and self.num_workers > 0:
                 self._iterator = None  # a kept iterator would not see the skipping index sampler
-        snapshot = take_snapshot(self, with_global=True)
+        if early is None or not getattr(self, "_initial_iter_for_state_dict", False):
+            early = None  # the iterator state_dict() made is not the one this epoch reads
+        snapshot = early if early is not None else take_snapshot(self, with_global=True)
         resuming = None
         if index_skip:
             resuming = ResumeSkip(self._index_sampler, index_skip)
@@ -328,12 +394,15 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         self.begin()
         self.set_epoch(self.iteration)
         position = self._position
+        self._handed_out_state = None
         own_skip = self._sampler_skip() + self.skip_batches
         resume_skip = resume["batches_yielded"] if resume is not None and not own_skip else 0
+        # torchdata skips the batches of a state it resumes; Cadence skips those of its own position
+        skip_here = 0 if resume is not None and resume.get(TORCHDATA_SKIPS) else resume_skip
         iterable = isinstance(self.dataset, torch.utils.data.IterableDataset)
-        discard = self.skip_batches + (resume_skip if iterable else 0)
+        discard = self.skip_batches + (skip_here if iterable else 0)
         iterator, current, snapshot = self._open_base_iterator(
-            resume, 0 if iterable else resume_skip, fetch_first=True
+            resume, 0 if iterable else skip_here, fetch_first=True
         )
         position.start_epoch(snapshot, own_skip + resume_skip)
         # An epoch resumed after its last batch has nothing left but still ends.
@@ -354,20 +423,30 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         transfer = batch_transfer(current, self.device, self._non_blocking)
         pending = transfer.start(current)
         yielded = position.yielded
+        # A stateful loader notes torchdata's state after fetching each batch, before the look-ahead.
+        stateful = self.use_stateful_dataloader
+        state_of_current = live_state(self) if stateful else None
         while True:
             current = transfer.finish(pending)
             upcoming = next(iterator, _EXHAUSTED)
             if upcoming is _EXHAUSTED:
                 break
+            state_of_upcoming = live_state(self) if stateful else None
             pending = transfer.start(upcoming)
             # -- end of hook
             yielded += 1
             position.yielded = yielded
+            self._handed_out_state = state_of_current
             yield current
+            state_of_current = state_of_upcoming
         self.end_of_dataloader = True
         self._settle_remainder()
         position.yielded = yielded + 1
+        if stateful:  # as the reference does, the last batch's state says the epoch is over
+            state_of_current["_iterator_finished"] = True
+        self._handed_out_state = state_of_current
         yield current
+        self._handed_out_state = None
         position.finish_epoch()
         self.end()
 

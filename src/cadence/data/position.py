@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .samplers import get_sampler
-from .stateful_layout import as_torchdata_layout, from_torchdata_layout, is_torchdata_layout
+from .stateful_layout import TORCHDATA_SKIPS, from_torchdata_layout, is_torchdata_layout
 
 STATE_VERSION = 1
 _KEYS = ("version", "epoch", "batches_yielded", "in_epoch", "generator_names", "generator_states")
@@ -107,14 +107,7 @@ def restore_generators(loader: Any, snapshot: dict[str, Any]) -> None:
 
 
 def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]:
-    """The loader's resumable position, in torchdata's layout for stateful dataloaders."""
-    state = _cadence_state(loader, position)
-    if getattr(loader, "use_stateful_dataloader", False):
-        return as_torchdata_layout(loader, position, state)
-    return state
-
-
-def _cadence_state(loader: Any, position: LoaderPosition) -> dict[str, Any]:
+    """The loader's exact resumable position (epoch, batches handed out, generator states)."""
     if position.pending is not None:
         return dict(position.pending)
     if position.in_epoch and position.epoch_start is not None:
@@ -137,9 +130,9 @@ def _cadence_state(loader: Any, position: LoaderPosition) -> dict[str, Any]:
 def load_position(loader: Any, position: LoaderPosition, state: dict[str, Any]) -> None:
     """Load a saved position into `position`; a mid-epoch one is applied at the next iteration."""
     if is_torchdata_layout(state):
-        state = from_torchdata_layout(state, position)
+        state = from_torchdata_layout(state, position.epoch)
     _validate(state)
-    if not getattr(loader, "resume_exact_order", True):
+    if not getattr(loader, "resume_exact_order", True) and not state.get(TORCHDATA_SKIPS):
         state = _as_reference_resume(loader, state)
     if state["in_epoch"]:
         # Applied when the next iteration starts: generators, global RNG and skip together.
