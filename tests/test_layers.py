@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.xla_spmd",
     ),
     # barriers, first-process blocks, triggers (given the process state, never importing it)
-    ("cadence.process_control",),
+    ("cadence.process_control", "cadence.process_group"),
     # the process state: PartialState, AcceleratorState, GradientState
     ("cadence.state", "cadence.gradient_state"),
     # collectives over nested data and process-level utilities

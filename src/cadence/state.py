@@ -6,8 +6,6 @@ Each class shares one state dict per process (every instance sees the same attri
 
 from __future__ import annotations
 
-import atexit
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -17,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from . import process_control as execution
-from . import xla_runtime
+from . import process_group, xla_runtime
 from .diagnostics.settings import resolve_watch_settings
 from .diagnostics.watchdog import start_watchdog
 from .enums import DistributedType
@@ -25,76 +23,12 @@ from .gradient_state import GradientState as GradientState
 from .input_errors import forgotten_state_error
 from .plugins.resolve import ParallelPlugins, configure_state
 from .precision_choice import parse_mixed_precision
+from .process_group import choose_device, distributed_type_for
 from .settings import device_from_env, read_launch_config, resolve, resolve_flag
 from .shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
 from .shared_state import do_nothing as do_nothing
 from .topology import Topology, detect_topology
 from .xla_spmd import spmd_plan
-
-DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
-
-# Whether Cadence created the process group (and so must destroy it at exit); survives reset_state().
-_owns_process_group = False
-
-
-def _destroy_owned_group() -> None:
-    global _owns_process_group
-    if _owns_process_group and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-    _owns_process_group = False
-
-
-atexit.register(_destroy_owned_group)
-
-
-def _choose_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
-    chosen = device_from_env()  # CADENCE_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE win, cpu=True too
-    if chosen is not None:
-        if chosen.type == "cuda" and chosen.index is not None:
-            torch.cuda.set_device(chosen)
-        return chosen
-    if not cpu and torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        if world_size > 1 and local_rank >= count:
-            raise RuntimeError(
-                f"Local rank {local_rank} has no GPU: this machine has {count}. Start at most {count} "
-                "processes per machine, or pass cpu=True / `cadence launch --cpu`."
-            )
-        device = torch.device("cuda", local_rank % count)
-        torch.cuda.set_device(device)
-        return device
-    if not cpu and world_size == 1:
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-    # Several CPU processes get `cpu:0`, one `cpu`: what the reference reports.
-    return torch.device("cpu", 0) if world_size > 1 else torch.device("cpu")
-
-
-def _start_single_process_group(device: torch.device) -> None:
-    """A process group of world size 1 (NCCL on CUDA, else gloo), owned and destroyed by Cadence.
-
-    Its store lives in this process (no address, no port): nothing else can join a world of one.
-    """
-    global _owns_process_group
-    extra: dict[str, Any] = {}
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if backend == "nccl":
-        extra["device_id"] = device
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **extra)
-    _owns_process_group = True
-
-
-def _distributed_type_for(backend: str | None, world_size: int) -> DistributedType:
-    if world_size <= 1:
-        return DistributedType.NO
-    return DistributedType.MULTI_GPU if backend == "nccl" else DistributedType.MULTI_CPU
-
-
-def _as_timeout(value: Any) -> timedelta | None:
-    if value is None or isinstance(value, timedelta):
-        return value
-    return timedelta(seconds=float(value))
 
 
 class PartialState:
@@ -138,9 +72,9 @@ class PartialState:
             self.num_processes = 1
             self.process_index = 0
             self.local_process_index = 0
-            self.device = _choose_device(cpu, 0, 1)
+            self.device = choose_device(cpu, 0, 1)
         self.distributed_type = (
-            DistributedType.XLA if xla else _distributed_type_for(self.backend, self.num_processes)
+            DistributedType.XLA if xla else distributed_type_for(self.backend, self.num_processes)
         )
         self.use_cpu = cpu or self.device.type == "cpu"
         self._check_launch_expectations(launch)
@@ -154,51 +88,23 @@ class PartialState:
         self.process_index = dist.get_rank()
         same_world = topology.world_size == self.num_processes
         self.local_process_index = topology.local_rank if same_world else self.process_index
-        self.device = _choose_device(cpu or self.backend == "gloo", self.local_process_index, 2)
+        self.device = choose_device(cpu or self.backend == "gloo", self.local_process_index, 2)
 
     def _start_xla(self) -> None:
-        global _owns_process_group
         self.device = xla_runtime.device()
         self.num_processes = xla_runtime.world_size()
         self.process_index = xla_runtime.global_ordinal()
         self.local_process_index = xla_runtime.local_ordinal()
-        self.backend = None
-        if self.num_processes > 1:
-            xla_runtime.start_process_group()
-            self.backend = xla_runtime.XLA_BACKEND
-            _owns_process_group = True
+        self.backend = process_group.start_xla_group(self.num_processes)
 
     def _start_process_group(
         self, topology: Topology, cpu: bool, launch: dict[str, Any], kwargs: dict[str, Any]
     ) -> None:
-        global _owns_process_group
         self.num_processes = topology.world_size
         self.process_index = topology.rank
         self.local_process_index = topology.local_rank
-        self.device = _choose_device(cpu, topology.local_rank, topology.world_size)
-        backend = kwargs.get("backend") or ("nccl" if self.device.type == "cuda" else "gloo")
-        timeout = (
-            _as_timeout(kwargs.get("timeout"))
-            or _as_timeout(launch.get("process_group_timeout"))
-            or DEFAULT_PROCESS_GROUP_TIMEOUT
-        )
-        init_method = kwargs.get("init_method") or "env://"
-        if init_method == "env://":
-            os.environ.setdefault("MASTER_ADDR", topology.master_addr)
-            os.environ.setdefault("MASTER_PORT", str(topology.master_port))
-        extra = {}
-        if backend == "nccl":
-            extra["device_id"] = self.device
-        dist.init_process_group(
-            backend=backend,
-            init_method=init_method,
-            rank=topology.rank,
-            world_size=topology.world_size,
-            timeout=timeout,
-            **extra,
-        )
-        _owns_process_group = True
-        self.backend = backend
+        self.device = choose_device(cpu, topology.local_rank, topology.world_size)
+        self.backend = process_group.start_process_group(topology, self.device, launch, kwargs)
 
     def _check_launch_expectations(self, launch: dict[str, Any]) -> None:
         expected = launch.get("num_processes")
@@ -276,12 +182,11 @@ class PartialState:
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group (only if Cadence created it) and forget this state."""
-        global _owns_process_group
         if group is None:
-            _destroy_owned_group()
+            process_group.destroy_owned_group()
         elif dist.is_initialized():
             dist.destroy_process_group(group)
-        _owns_process_group = False
+        process_group.disown_group()
 
     # -- execution control (cadence.process_control does the work) -----------------------------------------
     def _current(self) -> PartialState:
@@ -489,7 +394,7 @@ class AcceleratorState:
                 raise
         if self.distributed_type == DistributedType.FSDP and not dist.is_initialized():
             # fully_shard and torch.distributed.checkpoint need a process group, even of one process.
-            _start_single_process_group(self.device)
+            process_group.start_single_process_group(self.device)
 
     initialized = PartialState.initialized
     use_distributed = PartialState.use_distributed
@@ -615,7 +520,7 @@ def resolve_mixed_precision(requested: Any, launch: dict[str, Any]) -> str:
 def reset_state(destroy_process_group: bool = False) -> None:
     """Forget PartialState, AcceleratorState and GradientState (the process group stays unless asked)."""
     if destroy_process_group:
-        _destroy_owned_group()
+        process_group.destroy_owned_group()
     execution.forget_groups()
     AcceleratorState._reset_state()
     PartialState._reset_state()

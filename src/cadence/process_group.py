@@ -1,0 +1,138 @@
+"""This process's device and torch.distributed process group: choosing, starting, owning, ending.
+
+`PartialState` decides what the process joins (launch settings, topology); this module does it. It
+chooses the device, starts gloo (CPU) or NCCL (one GPU per local rank), or torch_xla's group, and
+destroys at exit only a group Cadence started, never one the script or another library created.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import xla_runtime
+from .enums import DistributedType
+from .settings import device_from_env
+from .topology import Topology
+
+DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
+
+# Whether Cadence started the process group (and so must destroy it at exit); survives reset_state().
+_owns_process_group = False
+
+
+def destroy_owned_group() -> None:
+    """Destroy the process group if Cadence started it (registered to run at exit)."""
+    if _owns_process_group and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    disown_group()
+
+
+def disown_group() -> None:
+    """Forget that Cadence started the current group (it was destroyed, or is someone else's now)."""
+    global _owns_process_group
+    _owns_process_group = False
+
+
+def _own_group() -> None:
+    global _owns_process_group
+    _owns_process_group = True
+
+
+atexit.register(destroy_owned_group)
+
+
+def choose_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
+    """The device of this process: the environment's choice, else its GPU, MPS or the CPU."""
+    chosen = device_from_env()  # CADENCE_TORCH_DEVICE / ACCELERATE_TORCH_DEVICE win, cpu=True too
+    if chosen is not None:
+        if chosen.type == "cuda" and chosen.index is not None:
+            torch.cuda.set_device(chosen)
+        return chosen
+    if not cpu and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if world_size > 1 and local_rank >= count:
+            raise RuntimeError(
+                f"Local rank {local_rank} has no GPU: this machine has {count}. Start at most {count} "
+                "processes per machine, or pass cpu=True / `cadence launch --cpu`."
+            )
+        device = torch.device("cuda", local_rank % count)
+        torch.cuda.set_device(device)
+        return device
+    if not cpu and world_size == 1:
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+    # Several CPU processes get `cpu:0`, one `cpu`: what the reference reports.
+    return torch.device("cpu", 0) if world_size > 1 else torch.device("cpu")
+
+
+def start_process_group(
+    topology: Topology, device: torch.device, launch: dict[str, Any], kwargs: dict[str, Any]
+) -> str:
+    """Join the world `topology` describes (NCCL on CUDA, else gloo, unless `kwargs` names a
+    backend); the timeout comes from `kwargs`, the launch record, else 30 minutes. Returns the backend."""
+    backend = kwargs.get("backend") or ("nccl" if device.type == "cuda" else "gloo")
+    timeout = (
+        as_timeout(kwargs.get("timeout"))
+        or as_timeout(launch.get("process_group_timeout"))
+        or DEFAULT_PROCESS_GROUP_TIMEOUT
+    )
+    init_method = kwargs.get("init_method") or "env://"
+    if init_method == "env://":
+        os.environ.setdefault("MASTER_ADDR", topology.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(topology.master_port))
+    extra = {}
+    if backend == "nccl":
+        extra["device_id"] = device
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=topology.rank,
+        world_size=topology.world_size,
+        timeout=timeout,
+        **extra,
+    )
+    _own_group()
+    return backend
+
+
+def start_single_process_group(device: torch.device) -> None:
+    """A process group of world size 1 (NCCL on CUDA, else gloo), owned and destroyed by Cadence.
+
+    Its store lives in this process (no address, no port): nothing else can join a world of one.
+    """
+    extra: dict[str, Any] = {}
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        extra["device_id"] = device
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **extra)
+    _own_group()
+
+
+def start_xla_group(num_processes: int) -> str | None:
+    """torch_xla's process group when several replicas run; returns its backend (None for one)."""
+    if num_processes <= 1:
+        return None
+    xla_runtime.start_process_group()
+    _own_group()
+    return xla_runtime.XLA_BACKEND
+
+
+def distributed_type_for(backend: str | None, world_size: int) -> DistributedType:
+    """MULTI_GPU on NCCL, MULTI_CPU on gloo, NO for a world of one."""
+    if world_size <= 1:
+        return DistributedType.NO
+    return DistributedType.MULTI_GPU if backend == "nccl" else DistributedType.MULTI_CPU
+
+
+def as_timeout(value: Any) -> timedelta | None:
+    """`value` (seconds, a timedelta or None) as a timedelta."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    return timedelta(seconds=float(value))
