@@ -343,16 +343,20 @@ OPS_CASES = {
     "gather of nested text": (
         lambda: gather({"a": [torch.ones(1), "b"]}),
         TypeError,
-        "Unsupported type str",
+        "Unsupported types (<class 'str'>)",
     ),
     "unknown reduction": (lambda: reduce(torch.ones(2), reduction="avg"), ValueError, "'mean'"),
-    "reduce of text": (lambda: reduce("x"), TypeError, "Unsupported type str"),
+    "reduce of text": (lambda: reduce("x"), TypeError, "Unsupported types (<class 'str'>)"),
     "pad dimension as text": (
         lambda: pad_across_processes(torch.ones(2), dim="0"),
         TypeError,
         "integer",
     ),
-    "pad of a number": (lambda: pad_across_processes(3), TypeError, "Unsupported type int"),
+    "pad of a number": (
+        lambda: pad_across_processes(3),
+        TypeError,
+        "Unsupported types (<class 'int'>)",
+    ),
     "broadcast of text": (lambda: broadcast_object_list("abc"), TypeError, "needs a list"),
     "concatenate nothing": (lambda: concatenate([]), TypeError, "non-empty list"),
 }

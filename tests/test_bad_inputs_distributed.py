@@ -50,7 +50,7 @@ CASES = {
         "ValueError",
         "batch size (3) that is a round multiple of the number of processes (2)",
     ),
-    "gather text": ("TypeError", "Unsupported type str"),
+    "gather text": ("TypeError", "Unsupported types (<class 'str'>)"),
     "broadcast from a missing rank": ("ValueError", "from_process=5 is not a rank"),
 }
 

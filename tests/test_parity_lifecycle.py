@@ -150,3 +150,15 @@ def test_tied_weights_notice_is_debug_level(tmp_path, caplog):
     notices = [r for r in caplog.records if "shared tensor" in r.getMessage()]
     assert notices and all(r.levelno == logging.DEBUG for r in notices)
     assert "head.weight" in notices[0].getMessage()
+
+
+def test_tied_weights_dropped_by_a_direct_save_are_a_warning(tmp_path, caplog):
+    """`cadence.utils.save(..., safe_serialization=True)` called by the script warns once, as the
+    reference does (save_state's notice above stays at debug level)."""
+    from cadence.utils import save
+
+    with caplog.at_level(logging.WARNING):
+        save(TiedLanguageModel().state_dict(), tmp_path / "m.safetensors", safe_serialization=True)
+    notices = [r for r in caplog.records if "Removed shared tensor" in r.getMessage()]
+    assert len(notices) == 1 and notices[0].levelno == logging.WARNING
+    assert "head.weight" in notices[0].getMessage()

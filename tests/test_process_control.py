@@ -397,8 +397,8 @@ def test_debug_mode_reports_every_ranks_shapes(dist_pool):
 def test_bad_inputs_are_clear_errors(dist_pool, n):
     for errors in dist_pool(n).run(bad_inputs):
         assert "Unknown reduction 'product'" in errors["unknown_reduction"]
-        assert "Unsupported type str" in errors["non_tensor"]
-        assert "Unsupported type int" in errors["non_tensor_nested"]
+        assert "Unsupported types (<class 'str'>)" in errors["non_tensor"]
+        assert "Unsupported types (<class 'int'>)" in errors["non_tensor_nested"]
         if n > 1:
             assert "from_process=99" in errors["bad_source"]
 

@@ -255,9 +255,11 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
             state_dict.pop(name, None)
             dropped.add(name)
     if dropped:
-        # Tied weights are normal for language models: note it without alarming the user.
-        logger.debug(
-            f"Removed shared tensors {sorted(dropped)} while saving (they alias another entry)."
+        # A warning here, as in the reference: this is the public `save()` path. save_state and
+        # save_model drop tied weights through checkpointing's dedupe, at debug level.
+        logger.warning(
+            f"Removed shared tensors {sorted(dropped)} while saving (they alias another entry); "
+            "loading into the same model restores them from the entry they alias."
         )
     return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state_dict.items()}
 
