@@ -337,3 +337,79 @@ def test_join_warns_once_when_an_iterable_loader_cannot_follow(dist_pool):
     for inside, after, messages in dist_pool(2).run(join_with_an_iterable_loader):
         assert inside is False and after is True  # overridden inside the block, restored after
         assert len(messages) == 1 and "only supported for map-style datasets" in messages[0]
+
+
+STATEFUL_RESUME_SCRIPT = """
+import json, sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+from cadence import Accelerator
+from cadence.utils import DataLoaderConfiguration, set_seed
+
+
+def stateful_resumes(path, dispatch, workers):
+    set_seed(0)
+    config = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=dispatch)
+    acc = Accelerator(cpu=True, dataloader_config=config)
+    dataset = TensorDataset(torch.arange(40.0))
+
+    def loader():
+        return acc.prepare(DataLoader(dataset, batch_size=2, shuffle=True, num_workers=workers))
+
+    first = loader()
+    iterator = iter(first)
+    for _ in range(3):
+        next(iterator)
+    acc.save_state(path)
+    torchdata_state = first.state_dict()
+    rest = [b[0].tolist() for b in iterator]
+    acc.load_state(path)
+    exact = [b[0].tolist() for b in first]
+    counted = loader()
+    counted.load_state_dict(torchdata_state)
+    return rest, exact, len(list(counted))
+
+
+if __name__ == "__main__":
+    out, dispatch, workers = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+    result = stateful_resumes(out + "-ckpt", dispatch, workers)
+    with open(f"{out}.{Accelerator().process_index}.json", "w") as f:
+        json.dump(result, f)
+"""
+
+
+def _check_stateful_resumes(results):
+    for rest, exact, counted in results:
+        assert len(rest) == 7  # 40 samples, 2 per batch, 2 processes: 10 batches each, 3 read
+        assert exact == rest  # save_state / load_state: the same batches
+        assert counted == 7  # torchdata's state: the same number of batches
+
+
+def _stateful_resumes_in_pool(path: str, dispatch: bool):
+    namespace: dict = {}
+    exec(compile(STATEFUL_RESUME_SCRIPT, "stateful_resume", "exec"), namespace)
+    return namespace["stateful_resumes"](path, dispatch, 0)
+
+
+def test_stateful_dispatcher_resumes_on_two_processes(dist_pool, tmp_path):
+    """A dispatcher's torchdata state counts the base loader's batches on the main process (two per
+    global batch here); it loads back to the same position, and save_state resumes exactly."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    _check_stateful_resumes(dist_pool(2).run(_stateful_resumes_in_pool, str(tmp_path / "c"), True))
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_stateful_loaders_with_worker_processes_resume(tmp_path, dispatch):
+    """With DataLoader worker processes (torchdata's multi-worker snapshots), through a real launch."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "resume.py"
+    script.write_text(STATEFUL_RESUME_SCRIPT)
+    out = tmp_path / "result"
+    command = [sys.executable, "-m", "cadence.commands.cli", "launch", "--cpu", "--quiet"]
+    command += ["--num_processes", "2", str(script), str(out), str(int(dispatch)), "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _check_stateful_resumes([json.loads(out.with_suffix(f".{r}.json").read_text()) for r in (0, 1)])
