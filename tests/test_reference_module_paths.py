@@ -303,7 +303,6 @@ UNSUPPORTED = [
     ("cadence.utils", "convert_model", (None,), "Transformer Engine"),
     ("cadence.utils", "install_xla", (), "TPU"),
     ("cadence.utils", "prepare_sagemager_args_inputs", (None, None), "SageMaker"),
-    ("cadence.utils", "prepare_multi_gpu_env", (None,), "cadence launch"),
     ("cadence.utils", "save_fsdp_model", (None, None, None, "x"), "save_state"),
     ("cadence.utils", "set_numa_affinity", (0,), "numactl"),
     ("cadence.checkpointing", "save_accelerator_state", (None,) * 7, "save_state"),
@@ -374,3 +373,64 @@ def test_dynamo_plugin_reads_the_launcher_variables(monkeypatch):
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_FULLGRAPH", "maybe")
     with pytest.raises(ValueError, match="ACCELERATE_DYNAMO_USE_FULLGRAPH"):
         TorchDynamoPlugin()
+
+
+def _reference_launch_namespace(**overrides):
+    """A namespace as a launcher written for the reference fills it: every flag, unused ones at the
+    reference parser's defaults."""
+    import argparse
+
+    values = dict(
+        num_processes=1, num_machines=1, main_process_ip="127.0.0.1", main_process_port=0,
+        machine_rank=0, module=False, no_python=False, debug=False, gpu_ids="all",
+        mixed_precision="no", dynamo_backend="NO", dynamo_mode="default", use_fsdp=False,
+        fsdp_sync_module_states=False, fsdp_version=None, fsdp_min_num_params=0, use_tp=False,
+        tp_size=1, use_megatron_lm=False, megatron_lm_tp_degree=1, num_cpu_threads_per_process=1,
+        enable_cpu_affinity=False, same_network=False, use_parallelism_config=False,
+    )  # fmt: skip
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_prepare_multi_gpu_env_plans_the_launch():
+    from cadence.settings import read_launch_config
+    from cadence.utils import prepare_multi_gpu_env
+
+    args = _reference_launch_namespace()
+    env = prepare_multi_gpu_env(args)
+    # Port 0 on one machine: a free port, as a string of digits (what torchrun is given).
+    assert args.master_port.isdigit() and args.master_port != "0"
+    assert (args.nproc_per_node, args.nnodes, args.node_rank) == ("1", "1", 0)
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert read_launch_config(env)["num_processes"] == 1
+
+    args = _reference_launch_namespace(num_processes=2, cpu=True, mixed_precision="bf16")
+    record = read_launch_config(prepare_multi_gpu_env(args))
+    assert args.nproc_per_node == "2"
+    assert (record["num_processes"], record["backend"]) == (2, "gloo")
+    assert record["mixed_precision"] == "bf16"
+
+
+def test_prepare_multi_gpu_env_refuses_what_cadence_launch_refuses():
+    from cadence.commands.launch_settings import LaunchPlanError
+    from cadence.utils import prepare_multi_gpu_env
+
+    args = _reference_launch_namespace(mixed_precision="fp7")
+    with pytest.raises(LaunchPlanError, match="mixed_precision"):
+        prepare_multi_gpu_env(args)
+    assert "master_port" not in vars(args)  # nothing set on a refused launch
+
+
+def test_prepare_simple_launcher_cmd_env(tmp_path):
+    import sys
+
+    from cadence.utils import prepare_simple_launcher_cmd_env
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    args = _reference_launch_namespace(
+        training_script=str(script), training_script_args=["--lr", "1"]
+    )
+    command, env = prepare_simple_launcher_cmd_env(args)
+    assert command == [sys.executable, "-u", str(script), "--lr", "1"]
+    assert (env["RANK"], env["WORLD_SIZE"]) == ("0", "1")

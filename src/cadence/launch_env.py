@@ -1,8 +1,9 @@
 """Launch-environment helpers of the public API (the reference's `utils.launch`).
 
-`PrepareForLaunch` (the per-process entry of fork/spawn launchers) and `env_var_path_add` are
-real. The reference's `prepare_*_env` builders turn its CLI namespace into a torchrun environment;
-Cadence's launcher builds its plan in `cadence.commands.launch_plan`, so those raise and say so.
+`PrepareForLaunch` (the per-process entry of fork/spawn launchers), `env_var_path_add` and
+`prepare_tpu` are real. `prepare_multi_gpu_env` and `prepare_simple_launcher_cmd_env` are computed
+from the launch plan (`cadence.commands.reference_env`, a layer above); the DeepSpeed, parallelism and
+fp8 builders raise and point to `cadence launch`, which builds those environments itself.
 """
 
 from __future__ import annotations
@@ -111,16 +112,6 @@ def _not_cadence(name: str) -> NotImplementedError:
     )
 
 
-def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """Command and environment of a one-process launch (see `cadence launch --dry-run`)."""
-    raise _not_cadence("prepare_simple_launcher_cmd_env")
-
-
-def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
-    """Environment of a torchrun launch (see `cadence launch --dry-run`)."""
-    raise _not_cadence("prepare_multi_gpu_env")
-
-
 def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """Command and environment of a DeepSpeed launch (see `cadence launch --dry-run`)."""
     raise _not_cadence("prepare_deepspeed_cmd_env")
@@ -143,9 +134,7 @@ __all__ = [
     "env_var_path_add",
     "prepare_deepspeed_cmd_env",
     "prepare_extend_env_parallelism_config",
-    "prepare_multi_gpu_env",
     "prepare_sagemager_args_inputs",
-    "prepare_simple_launcher_cmd_env",
     "prepare_tpu",
     "setup_fp8_env",
 ]

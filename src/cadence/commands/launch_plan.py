@@ -104,9 +104,16 @@ def build_plan(
     args: argparse.Namespace,
     env: Mapping[str, str] | None = None,
     gpu_count: Callable[[], int] = hardware.visible_gpu_count,
+    script_required: bool = True,
 ) -> LaunchPlan:
-    """Resolve every setting and validate the whole launch; raises LaunchPlanError listing all problems."""
-    return _Planner(args, os.environ if env is None else env, gpu_count).plan()
+    """Resolve every setting and validate the whole launch; raises LaunchPlanError listing all problems.
+
+    `script_required=False` plans the environment of a launch whose script is not known yet (the
+    reference's `prepare_*_env` helpers): the target is not checked.
+    """
+    planner = _Planner(args, os.environ if env is None else env, gpu_count)
+    planner.script_required = script_required
+    return planner.plan()
 
 
 def _parse_rdzv_conf(text: str) -> dict[str, str]:
@@ -139,6 +146,7 @@ class _Planner:
         self, args: argparse.Namespace, env: Mapping[str, str], gpu_count: Callable[[], int]
     ):
         self.args, self.env, self.gpu_count = args, env, gpu_count
+        self.script_required = True
         self.explicit = {
             k: v
             for k, v in vars(args).items()
@@ -186,8 +194,8 @@ class _Planner:
             )
         plan = LaunchPlan(
             settings=self.settings,
-            script=self.args.training_script,
-            script_args=list(self.args.training_script_args or []),
+            script=getattr(self.args, "training_script", ""),
+            script_args=list(getattr(self.args, "training_script_args", None) or []),
             module=self.module,
             no_python=self.no_python,
             device=self.device,
@@ -496,9 +504,9 @@ class _Planner:
             self.errors.append(f"--deepspeed_config_file {config_file!r} does not exist")
 
     def check_target(self) -> None:
-        script = self.args.training_script
-        if self.module:
+        if self.module or not self.script_required:
             return
+        script = self.args.training_script
         if self.no_python:
             if not (Path(script).exists() or shutil.which(script)):
                 self.errors.append(
