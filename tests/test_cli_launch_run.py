@@ -228,3 +228,23 @@ def test_no_python_runs_an_executable(tmp_path):
     result = launch(tmp_path, "-q", "--no_python", "sh", "-c", 'echo "NOPY $RANK $WORLD_SIZE"')
     assert result.returncode == 0, result.stderr
     assert "NOPY 0 1" in result.stdout
+
+
+def test_lines_printed_by_several_ranks_stay_whole(tmp_path):
+    """Workers share the launcher's stdout: every line a rank prints arrives whole, never glued to
+    another rank's (a print under `python -u` used to be two writes, text then newline)."""
+    write_script(
+        tmp_path,
+        "chatty.py",
+        """
+        import os
+        rank = os.environ["RANK"]
+        for i in range(1500):
+            print(f"rank {rank} line {i}")
+        """,
+    )
+    result = launch(tmp_path, "--cpu", "--quiet", "--num_processes", "2", "chatty.py")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    expected = {f"rank {rank} line {i}" for rank in (0, 1) for i in range(1500)}
+    assert sorted(lines) == sorted(expected)

@@ -52,6 +52,19 @@ def _listen_to_interrupts() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _whole_lines() -> None:
+    # The workers share the launcher's stdout and stderr. Under `python -u` a print is two writes (the
+    # text, then the newline), so two ranks' lines could run together ("rank 1 ...rank 0 ...");
+    # buffering each line and writing it whole keeps them apart, and `-u` still sends it at once.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True, write_through=False)
+            except (ValueError, io.UnsupportedOperation):
+                pass  # a replaced stream (a test harness's) keeps its own buffering
+
+
 def _die_by_sigint() -> None:
     # Like `python script.py` on Ctrl-C: end by the signal itself, so the parent sees "killed by SIGINT".
     import signal
@@ -127,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("usage: python -m cadence.commands.worker_bootstrap [--module] target [args...]")
     _die_with_parent()
     _listen_to_interrupts()
+    _whole_lines()
     faulthandler.enable(all_threads=True)
     target, args = argv[0], argv[1:]
     try:
