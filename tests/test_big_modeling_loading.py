@@ -276,3 +276,20 @@ print(len(shards), size, largest, grown, close)
     assert shards >= 6 and close == "True"
     assert grown >= size // 2  # the float16 copy is really made
     assert grown <= 1.1 * (size // 2 + largest), (grown, size, largest)
+
+
+def test_weights_parked_on_disk_while_loading_get_the_dtype_asked_for(tmp_path):
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.rand(3, 2))
+            self.register_buffer("steps", torch.arange(3))
+
+    torch.save(Mixed().state_dict(), tmp_path / "mixed.pt")
+    model = Mixed()
+    load_checkpoint_in_model(
+        model, tmp_path / "mixed.pt", device_map={"": "cpu"}, offload_state_dict=True,
+        dtype=torch.float16,
+    )  # fmt: skip
+    assert model.weight.dtype == torch.float16  # floating weights take the dtype
+    assert model.steps.dtype == torch.int64 and model.steps.tolist() == [0, 1, 2]

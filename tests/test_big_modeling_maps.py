@@ -244,3 +244,63 @@ def test_import_cadence_does_not_load_the_big_model_modules():
         [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ)
     )
     assert out.stdout.strip() == "False", out.stderr
+
+
+def _buffered_model() -> nn.Module:
+    """Three layers with extra buffers: sizes 144, 192 and 220 bytes (parameters and buffers)."""
+    model = nn.Sequential(
+        OrderedDict(
+            [
+                ("linear1", nn.Linear(3, 4)),
+                ("norm", nn.BatchNorm1d(4)),
+                ("linear2", nn.Linear(4, 5)),
+            ]
+        )
+    )
+    model.linear1.register_buffer("extra", torch.zeros(10, 2))  # 80 bytes
+    model.norm.register_buffer("extra", torch.zeros(10, 3))  # 120 bytes (+ 40 of running stats)
+    model.linear2.register_buffer("extra", torch.zeros(10, 3))  # 120 bytes
+    return model
+
+
+def test_offloaded_buffers_that_fit_no_gpu_are_a_warning():
+    import warnings
+
+    from cadence.utils import infer_auto_device_map
+
+    model = _buffered_model()
+    # GPU 0 keeps room for the biggest layer (220): only linear1 (144) goes there; the buffers of the
+    # offloaded norm and linear2 (160 + 120) do not fit in what is left of it.
+    with pytest.warns(UserWarning, match="offload_buffers=True"):
+        device_map = infer_auto_device_map(model, max_memory={0: 400, "cpu": "1GB"})
+    assert device_map == {"linear1": 0, "norm": "cpu", "linear2": "cpu"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # offload_buffers=True: nothing to warn about
+        assert (
+            infer_auto_device_map(model, max_memory={0: 400, "cpu": "1GB"}, offload_buffers=True)
+            == device_map
+        )
+
+
+def test_a_device_that_gets_nothing_is_reported(caplog):
+    import logging
+
+    from cadence.utils import infer_auto_device_map
+
+    model = nn.Sequential(OrderedDict([("big", nn.Linear(10, 10)), ("small", nn.Linear(2, 2))]))
+    with caplog.at_level(logging.INFO):
+        device_map = infer_auto_device_map(model, max_memory={0: 100, "cpu": "1GB"})
+    assert device_map == {"": "cpu"}
+    notes = [r.getMessage() for r in caplog.records if "insufficient memory" in r.getMessage()]
+    assert len(notes) == 1 and "0 needs at least" in notes[0]
+
+
+def test_check_device_map_warns_about_names_that_are_not_in_the_model():
+    from cadence.utils import check_device_map
+
+    model = _buffered_model()
+    with pytest.warns(UserWarning, match="do not match any submodules") as caught:
+        check_device_map(model, {"linear1": "cpu", "norm": "cpu", "linear2": "cpu", "lienar3": 0})
+    assert "lienar3" in str(caught[0].message)
+    with pytest.raises(ValueError, match="linear2"), pytest.warns(UserWarning):
+        check_device_map(model, {"linear1": "cpu", "norm": "cpu", "typo": "cpu"})

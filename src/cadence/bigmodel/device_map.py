@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Optional, Union
@@ -321,6 +322,8 @@ def infer_auto_device_map(
     current = 0
     used = 0
     buffers_kept_on_main = 0
+    used_by_device: dict[Union[int, str], int] = {}  # bytes placed (and reserved) per device left
+    nothing_fits: dict[Union[int, str], int] = {}  # devices left empty: the bytes they would need
     while to_place:
         name, module = to_place.pop(0)
         if verbose:
@@ -391,24 +394,62 @@ def infer_auto_device_map(
                 continue
         if verbose:
             logger.info("Module %s does not fit on %s: next device.", name, device)
+        reserved = max_layer if device in main_devices else 0
+        if used == 0:
+            nothing_fits[device] = size + reserved
+        used_by_device[device] = used + reserved
         to_place = [(name, module)] + to_place
         current += 1
         used = 0
-    if buffers_kept_on_main and gpus:
-        logger.info(
-            "%d bytes of buffers of offloaded modules stay on %s (offload_buffers=False).",
-            buffers_kept_on_main,
-            main_devices[0],
-        )
+    used_by_device.setdefault(devices[current], used)
+    _report_allocation(max_memory, gpus, used_by_device, nothing_fits, buffers_kept_on_main)
     if clean_result:
         device_map = clean_device_map(device_map)
     return dict(device_map)
 
 
+def _report_allocation(
+    max_memory: Mapping[Union[int, str], int],
+    gpus: list[Union[int, str]],
+    used_by_device: Mapping[Union[int, str], int],
+    nothing_fits: Mapping[Union[int, str], int],
+    offloaded_buffers: int,
+) -> None:
+    """Say which devices got nothing, and warn when the buffers of offloaded modules (which stay
+    on a GPU while the model runs, unless offload_buffers=True) fit in no GPU's remaining memory."""
+    if nothing_fits:
+        logger.info(
+            "No module could be placed on %s: insufficient memory for this allocation (%s). Give "
+            "these devices more memory in max_memory, or split the model differently.",
+            ", ".join(map(str, nothing_fits)),
+            ", ".join(
+                f"{device} needs at least {size} bytes" for device, size in nothing_fits.items()
+            ),
+        )
+    if offloaded_buffers and gpus:
+        if not any(max_memory[g] >= offloaded_buffers + used_by_device.get(g, 0) for g in gpus):
+            warnings.warn(
+                f"The buffers of the offloaded modules ({offloaded_buffers} bytes) stay on a GPU while "
+                "the model runs, and they fit in no GPU's remaining memory; pass offload_buffers=True "
+                "if you run out of memory.",
+                stacklevel=3,
+            )
+
+
 def check_device_map(
     model: nn.Module, device_map: Mapping[str, Union[int, str, torch.device]]
 ) -> None:
-    """Raise when `device_map` leaves some parameter or buffer of `model` without a device."""
+    """Raise when `device_map` leaves some parameter or buffer of `model` without a device; warn
+    (UserWarning) about keys that name nothing in `model`, which are ignored."""
+    known = {name for name, _ in model.named_modules()} | set(model.state_dict())
+    unknown = [key for key in device_map if key != "" and key not in known]
+    if unknown:
+        warnings.warn(
+            f"device_map keys do not match any submodules of {type(model).__name__}: {unknown}; "
+            "they are ignored. Use names from model.named_modules() (or parameter names).",
+            UserWarning,
+            stacklevel=2,
+        )
     remaining = list(model.state_dict().keys())
     for module_name in device_map:
         if module_name == "":

@@ -356,6 +356,8 @@ def load_checkpoint_in_model(
                 if device == "cpu" and park_folder is not None:
                     target = new_dtype or value.dtype
                     set_module_tensor_to_device(model, name, "meta", dtype=target)
+                    if torch.is_floating_point(value):
+                        value = value.to(target)  # parked in the dtype it is loaded in
                     offload_weight(value, name, park_folder, index=park_index)
                     continue
                 set_module_tensor_to_device(
