@@ -121,6 +121,20 @@ class GradientAccumulation:
                 )
             prepared.unscale_()
 
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """Unscale, then clip the total norm of the gradients the optimizer step will use: when a
+        dataloader's last, shorter window closes, the step multiplies them by `window_factor`, so
+        the clip and the norm returned are those of the rescaled gradients (docs/differences.md)."""
+        self.unscale_gradients()
+        factor = self.gradient_state.window_factor
+        norm = self.strategy.clip_grad_norm_(parameters, max_norm / factor, norm_type)
+        return norm * factor if factor != 1.0 else norm
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale, then clip every value of the gradients the optimizer step will use."""
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value / self.gradient_state.window_factor)
+
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""
         import importlib.util

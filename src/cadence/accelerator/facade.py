@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import weakref
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -34,30 +33,9 @@ from ..tracking import TrackerHub
 from .accumulation import GradientAccumulation
 from .preparation import Preparer
 from .settings import AcceleratorSettings, fp8_recipe_handler
+from .weak_callback import weakly as _weakly
 
 _SPLIT_BATCHES_UNSET = object()
-
-
-class _weakly:  # noqa: N801 (used like a function: `_weakly(self, "name")`)
-    """A callable giving `owner.name(...)` (or, with `call=False`, `owner.name`) through a weak
-    reference: the parts the Accelerator hands these to must not keep it alive, so that it is freed
-    as soon as the script drops it (as the reference's is, without waiting for the garbage collector).
-    A pickled Accelerator takes its callbacks along, pointing at the unpickled copy."""
-
-    def __init__(self, owner: Any, name: str, call: bool = True) -> None:
-        self._owner = weakref.ref(owner)
-        self._name = name
-        self._call = call
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        value = getattr(self._owner(), self._name)
-        return value(*args, **kwargs) if self._call else value
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"owner": self._owner(), "name": self._name, "call": self._call}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["owner"], state["name"], state["call"])
 
 
 class Accelerator:
@@ -430,21 +408,12 @@ class Accelerator:
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
     ) -> torch.Tensor:
-        """Unscale, then clip the gradients' total norm; returns the norm before clipping.
-
-        When a dataloader's last, shorter accumulation window closes, the optimizer step multiplies
-        the gradients by `window_factor` (docs/differences.md): the clip and the norm returned are
-        those of the gradients the step uses."""
-        self.unscale_gradients()
-        factor = self.gradient_state.window_factor
-        norm = self._strategy.clip_grad_norm_(parameters, max_norm / factor, norm_type)
-        return norm * factor if factor != 1.0 else norm
+        """Unscale, then clip the gradients' total norm; returns the norm before clipping."""
+        return self._accumulation.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Unscale, then clip every gradient value to [-clip_value, clip_value] (of the gradients the
-        optimizer step uses, as `clip_grad_norm_` does)."""
-        self.unscale_gradients()
-        self._strategy.clip_grad_value_(parameters, clip_value / self.gradient_state.window_factor)
+        """Unscale, then clip every gradient value to [-clip_value, clip_value]."""
+        self._accumulation.clip_grad_value_(parameters, clip_value)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:

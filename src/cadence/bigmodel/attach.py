@@ -3,8 +3,8 @@ of a device map (what `dispatch_model` and `cpu_offload` build on; the hooks are
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Optional, Union
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
@@ -35,6 +35,18 @@ def attach_execution_device_hook(
     for child in module.children():
         attach_execution_device_hook(
             child, execution_device, skip_keys, preload_module_classes, tied_params_map
+        )
+
+
+def _attach_to_children(
+    attach: Callable[..., None], module: nn.Module, module_name: str, **options: Any
+) -> None:
+    """Run `attach` on each child of `module`, naming the child by its path from the root."""
+    for child_name, child in module.named_children():
+        attach(
+            child,
+            module_name=f"{module_name}.{child_name}" if module_name else child_name,
+            **options,
         )
 
 
@@ -77,18 +89,12 @@ def attach_align_device_hook(
         add_hook_to_module(module, hook, append=True)
     if full_offload:
         return
-    for child_name, child in module.named_children():
-        attach_align_device_hook(
-            child,
-            execution_device=execution_device,
-            offload=offload,
-            weights_map=weights_map,
-            offload_buffers=offload_buffers,
-            module_name=f"{module_name}.{child_name}" if module_name else child_name,
-            skip_keys=skip_keys,
-            preload_module_classes=preload_module_classes,
-            tied_params_map=tied_params_map,
-        )
+    _attach_to_children(
+        attach_align_device_hook, module, module_name,
+        execution_device=execution_device, offload=offload, weights_map=weights_map,
+        offload_buffers=offload_buffers, skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes, tied_params_map=tied_params_map,
+    )  # fmt: skip
 
 
 def attach_align_device_hook_on_blocks(
@@ -195,15 +201,9 @@ def attach_align_device_hook_on_blocks(
                 tied_params_map=tied_params_map,
             ),
         )
-    for child_name, child in module.named_children():
-        attach_align_device_hook_on_blocks(
-            child,
-            execution_device=execution_device,
-            offload=offload,
-            weights_map=weights_map,
-            offload_buffers=offload_buffers,
-            module_name=f"{module_name}.{child_name}" if module_name else child_name,
-            skip_keys=skip_keys,
-            preload_module_classes=preload_module_classes,
-            tied_params_map=tied_params_map,
-        )
+    _attach_to_children(
+        attach_align_device_hook_on_blocks, module, module_name,
+        execution_device=execution_device, offload=offload, weights_map=weights_map,
+        offload_buffers=offload_buffers, skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes, tied_params_map=tied_params_map,
+    )  # fmt: skip

@@ -238,7 +238,10 @@ class DataLoaderAdapter(DataLoader):
             self._loaded_torchdata_state = torchdata_state
             return
         counted = from_torchdata_layout(
-            torchdata_state, self._position.epoch, self._base_batches_per_batch(), True
+            torchdata_state,
+            self._position.epoch,
+            self._base_batches_per_batch(),
+            skipped_by_torchdata=True,
         )
         load_position(self, self._position, counted)
         hand_to_torchdata(self, torchdata_state)
