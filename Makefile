@@ -19,7 +19,7 @@ $(STAMP): $(DEMO_STAMP)
 	touch $(STAMP)
 
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/cadence launch --num_processes 2 examples/train_regression.py
+	$(VENV)/bin/cadence launch --cpu --num_processes 2 examples/train_regression.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

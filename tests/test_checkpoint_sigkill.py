@@ -172,7 +172,8 @@ def test_sigkill_during_saves_never_exposes_a_partial_checkpoint(tmp_path):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        # A CPU storage test: the forked savers must not touch CUDA (a fork cannot re-initialise it).
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
     )
     rng = random.Random(1234)
     try:

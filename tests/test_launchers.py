@@ -149,6 +149,9 @@ def test_notebook_launcher_never_initialises_cuda_in_the_parent(tmp_path):
     fails if the parent created a CUDA context; on CPU they report cpu. The parent stays uninitialised."""
     import torch
 
+    if torch.cuda.device_count() == 1:
+        pytest.skip("two forked workers need two GPUs, or none (on CPU)")
+
     script = tmp_path / "probe.py"
     script.write_text(NO_CUDA_IN_PARENT)
     result = subprocess.run(

@@ -243,6 +243,7 @@ def test_notebook_launcher_workers_share_a_fresh_token_and_a_loopback_store(tmp_
 
     (tmp_path / "nb.py").write_text(NOTEBOOK)
     env = {k: v for k, v in os.environ.items() if k != JOB_TOKEN_ENV}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # two gloo workers on any machine
     tokens = []
     for _ in range(2):
         result = subprocess.run(

@@ -291,8 +291,9 @@ def notebook_launcher(
         ):
             function(*args)
         return
-    _check_counts(num_processes, num_nodes, node_rank, use_port, max_restarts, monitor_interval)
+    # The notebook's own state is checked first: it is what the user must fix before anything else.
     _refuse_initialised_cuda()
+    _check_counts(num_processes, num_nodes, node_rank, use_port, max_restarts, monitor_interval)
     # Counted through NVML: a CUDA context here would make every forked worker fail.
     gpus = cuda_device_count()
     backend = "nccl" if gpus > 0 else "gloo"

@@ -25,11 +25,17 @@ def device_mesh(config: Any, device: torch.device) -> Any:
 
 
 def fsdp_mesh(context: StrategyContext) -> Any:
-    """The sub-mesh FSDP shards over (None without a ParallelismConfig)."""
+    """The sub-mesh FSDP shards over: the ParallelismConfig's, else one dimension over every process.
+
+    The mesh is always built on the run's own device type: left to itself, `fully_shard` builds its
+    default mesh on CUDA whenever a GPU is visible, even in a `--cpu` run on gloo.
+    """
     mesh = device_mesh(context.parallelism_config, context.device)
-    if mesh is None:
-        return None
-    return mesh[tuple(context.parallelism_config.fsdp_dim_names)]
+    if mesh is not None:
+        return mesh[tuple(context.parallelism_config.fsdp_dim_names)]
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(context.device.type, (context.num_processes,))
 
 
 def tp_mesh(context: StrategyContext) -> Any:
