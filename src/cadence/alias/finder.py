@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -32,7 +31,7 @@ class AccelerateFacade(types.ModuleType):
         return sorted(set(dir(importlib.import_module(TARGET_NAME))) | set(vars(self)))
 
 
-class _AliasLoader(importlib.abc.Loader):
+class _AliasLoader:
     """Loads `accelerate.<path>` as the module object `cadence.<path>`."""
 
     def __init__(self, target: str) -> None:
@@ -58,7 +57,7 @@ class _AliasLoader(importlib.abc.Loader):
         sys.modules[module.__name__] = target
 
 
-class AccelerateAliasFinder(importlib.abc.MetaPathFinder):
+class AccelerateAliasFinder:
     """Finds `accelerate` and `accelerate.<path>` where `cadence` and `cadence.<path>` exist."""
 
     def find_spec(

@@ -4,11 +4,8 @@ site-packages folders by path, so it never sees one)."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from cadence.alias.finder import REFERENCE_NAME, REFERENCE_VERSION
@@ -22,40 +19,54 @@ _METADATA = (
 )
 
 
-class AliasDistribution(importlib.metadata.Distribution):
-    """An `accelerate` distribution with no files of its own: its modules are Cadence's."""
+def _distribution_class() -> type:
+    """`AliasDistribution`, built on first use: importing `importlib.metadata` costs start-up time,
+    and whoever asks for metadata has imported it already."""
+    global _DISTRIBUTION
+    if _DISTRIBUTION is None:
+        import importlib.metadata
 
-    def read_text(self, filename: str) -> str | None:
-        """The METADATA and top_level.txt of the alias; None for any other file (no RECORD)."""
-        if filename in ("METADATA", "PKG-INFO"):
-            return _METADATA
-        if filename == "top_level.txt":
-            return f"{REFERENCE_NAME}\n"
-        return None
+        class AliasDistribution(importlib.metadata.Distribution):
+            """An `accelerate` distribution with no files of its own: its modules are Cadence's."""
 
-    def locate_file(self, path: str | os.PathLike[str]) -> Path:
-        """`path` under the folder that holds the `cadence` package."""
-        return Path(__file__).resolve().parents[2] / path
+            def read_text(self, filename: str) -> str | None:
+                """The METADATA and top_level.txt of the alias; None for any other file."""
+                if filename in ("METADATA", "PKG-INFO"):
+                    return _METADATA
+                if filename == "top_level.txt":
+                    return f"{REFERENCE_NAME}\n"
+                return None
+
+            def locate_file(self, path: str | os.PathLike[str]) -> Any:
+                """`path` under the folder that holds the `cadence` package."""
+                from pathlib import Path
+
+                return Path(__file__).resolve().parents[2] / path
+
+        _DISTRIBUTION = AliasDistribution
+    return _DISTRIBUTION
+
+
+_DISTRIBUTION: type | None = None
 
 
 def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+    return name.lower().replace("-", "_").replace(".", "_")
 
 
-class AliasDistributionFinder(importlib.metadata.DistributionFinder):
-    """Answers `importlib.metadata` for `accelerate` while the alias is installed."""
+class AliasDistributionFinder:
+    """Answers `importlib.metadata` for `accelerate` while the alias is installed (a meta-path entry
+    with `find_distributions`, which is all `importlib.metadata` asks of one)."""
 
     def find_spec(self, *args: Any, **kwargs: Any) -> None:
         """Finds no module: the import side is `AccelerateAliasFinder`."""
         return None
 
-    def find_distributions(
-        self, context: importlib.metadata.DistributionFinder.Context | None = None
-    ) -> Iterator[importlib.metadata.Distribution]:
+    def find_distributions(self, context: Any = None) -> Iterator[Any]:
         """The alias distribution for a lookup by name `accelerate` (or a listing) over sys.path."""
-        context = context or importlib.metadata.DistributionFinder.Context()
-        if "path" in vars(context):
+        if context is not None and "path" in vars(context):
             return iter(())  # a listing of given folders (pip's view): only what is really there
-        if context.name is not None and _normalized(context.name) != REFERENCE_NAME:
+        name = getattr(context, "name", None)
+        if name is not None and _normalized(name) != REFERENCE_NAME:
             return iter(())
-        return iter((AliasDistribution(),))
+        return iter((_distribution_class()(),))
