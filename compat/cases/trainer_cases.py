@@ -71,8 +71,13 @@ model = trainer.model.eval()
 with torch.no_grad():
     batch = eval_data.ids
     logits = model(input_ids=batch).logits
-    losses = [model(input_ids=b, labels=b).loss for b in batch.split(4)]
-result["eval_loss_matches"] = abs(metrics["eval_loss"] - float(torch.stack(losses).mean())) < 1e-5
+    # transformers divides each batch's summed token losses by its number of label tokens
+    # (num_items_in_batch: every label, the first one that has no prediction included)
+    losses = [
+        model(input_ids=b, labels=b).loss * (b.shape[1] - 1) / b.shape[1] for b in batch.split(4)
+    ]
+result["eval_loss"] = round(metrics["eval_loss"], 6)
+result["eval_loss_matches"] = abs(metrics["eval_loss"] - float(torch.stack(losses).mean())) < 1e-4
 result["predict_matches"] = bool(
     torch.allclose(torch.as_tensor(prediction.predictions), logits, atol=1e-5)
 )
