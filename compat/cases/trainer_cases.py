@@ -117,8 +117,14 @@ with torch.no_grad():
     loads = {
         "auto": dict(device_map="auto"),
         "sequential": dict(device_map="sequential"),
+        # a size string the caller's dict holds: transformers needs it converted in place
         "cpu_disk_offload": dict(
-            device_map="auto", max_memory={"cpu": "40KB"}, offload_folder=os.path.join(OUT, "off")
+            device_map="auto", max_memory={"cpu": "80KB"}, offload_folder=os.path.join(OUT, "off")
+        ),
+        "sequential_offload": dict(
+            device_map="sequential",
+            max_memory={"cpu": "80KB"},
+            offload_folder=os.path.join(OUT, "off_seq"),
         ),
         "low_cpu_mem_usage": dict(low_cpu_mem_usage=True),
         "cpu_map": dict(device_map={"": "cpu"}),
