@@ -239,7 +239,7 @@ TOP_LEVEL = [
 UTILS = [
     "ao", "bnb", "constants", "dataclasses", "deepspeed", "environment", "fsdp_utils", "imports",
     "launch", "megatron_lm", "memory", "modeling", "offload", "operations", "other", "random", "rich",
-    "torch_xla", "tqdm", "transformer_engine", "versions",
+    "torch_xla", "transformer_engine", "versions",
 ]  # fmt: skip
 
 

@@ -33,9 +33,9 @@ def lazy_exports(
     names = sorted(set(exports) | set(submodules))
 
     def __getattr__(name: str) -> Any:
-        if name in submodules:
-            return importlib.import_module(f"{module_name}.{name}")  # the import sets the attribute
         home = exports.get(name)
+        if home is None and name in submodules:  # an exported name wins over a submodule's
+            return importlib.import_module(f"{module_name}.{name}")  # the import sets the attribute
         if home is None:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(home), aliases.get(name, name))

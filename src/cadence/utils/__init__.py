@@ -299,7 +299,7 @@ __all__ = sorted(_EXPORTS)
 _SUBMODULES = (
     "ao", "bnb", "constants", "dataclasses", "deepspeed", "environment", "fsdp_utils", "imports",
     "launch", "megatron_lm", "memory", "modeling", "offload", "operations", "other", "random", "rich",
-    "torch_xla", "tqdm", "transformer_engine", "versions",
+    "torch_xla", "transformer_engine", "versions",
 )  # fmt: skip
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _ALIASES, _SUBMODULES)
