@@ -97,7 +97,14 @@ LAYERS: list[tuple[str, ...]] = [
         "cadence.errors",
     ),
     # the CLI, the testing helpers, the public re-export namespaces
-    ("cadence.commands", "cadence.selftest", "cadence.test_utils", "cadence.utils", "cadence"),
+    (
+        "cadence.commands",
+        "cadence.selftest",
+        "cadence.test_utils",
+        "cadence.utils",
+        "cadence.alias",
+        "cadence",
+    ),
 ]
 
 DEFERRED_MARK = "# deferred:"

@@ -51,9 +51,19 @@ _EXPORTS = {
     "disk_offload": "cadence.big_modeling",
     "infer_auto_device_map": "cadence.big_modeling",
     "prepare_pippy": "cadence.inference",
+    # the opt-in `accelerate` alias (issue 23)
+    "as_accelerate": "cadence.alias",
 }
+
+# The reference's package submodules, attributes once used (code reaches them that way), never
+# imported by `import cadence` itself.
+_SUBMODULES = (
+    "accelerator", "big_modeling", "checkpointing", "commands", "data_loader", "hooks", "inference",
+    "launchers", "local_sgd", "logging", "memory_utils", "optimizer", "parallelism_config",
+    "scheduler", "state", "test_utils", "tracking", "utils",
+)  # fmt: skip
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)

@@ -20,6 +20,7 @@ from ..bigmodel.training_checks import (
     verify_device_map,
 )
 from ..dataclasses import DataLoaderConfiguration
+from ..enums import DynamoBackend
 from ..input_errors import rank_named_errors, with_rank
 from ..optimizer import AcceleratedOptimizer
 from ..plugins.parallelism import data_parallel_coordinates
@@ -231,7 +232,7 @@ class Preparer:
         if placement and not verify_device_map(model) and not is_quantized_with_device_map(model):
             model = self.strategy.place_model(model)
         self.strategy.precision.wrap_forward(model)
-        if self.dynamo_plugin is not None and not self.dynamo_plugin.disable:
+        if _compiles(self.dynamo_plugin):
             # Compiled inside the DDP wrapper: dynamo does not trace through DDP's own forward.
             model = torch.compile(model, **self.dynamo_plugin.to_compile_kwargs())
         model = self.strategy.wrap_model(model, evaluation_mode)
@@ -351,3 +352,13 @@ class Preparer:
                     UserWarning,
                     stacklevel=4,
                 )
+
+
+def _compiles(dynamo_plugin: Any) -> bool:
+    # An explicit backend "no" means no compilation whatever the other fields say (transformers'
+    # Trainer passes TorchDynamoPlugin(backend=DynamoBackend.NO)), as in the reference.
+    return (
+        dynamo_plugin is not None
+        and not dynamo_plugin.disable
+        and dynamo_plugin.backend != DynamoBackend.NO
+    )

@@ -46,8 +46,8 @@ def get_max_memory(
     max_memory: Optional[dict[Union[int, str], Union[int, str]]] = None,
 ) -> dict[Union[int, str], int]:
     """Bytes usable on each device: the free memory of every GPU and of the CPU when `max_memory` is
-    None, else `max_memory` with sizes like "10GiB" converted to ints, ordered GPUs, "mps", "cpu",
-    "disk".
+    None, else a new dict of `max_memory`'s entries ordered GPUs, "mps", "cpu", "disk", with sizes
+    like "10GiB" converted to ints, in the new dict and in `max_memory` itself (as the reference).
 
     Example:
     ```py
@@ -64,25 +64,26 @@ def get_max_memory(
             found["mps"] = _cpu_available_bytes()
         found["cpu"] = _cpu_available_bytes()
         return found
-    sizes = {
-        key: convert_file_size_to_int(value) if isinstance(value, str) else value
-        for key, value in max_memory.items()
-    }
-    gpus = sorted(k for k in sizes if isinstance(k, int) and not isinstance(k, bool))
+    gpus = sorted(k for k in max_memory if isinstance(k, int) and not isinstance(k, bool))
+    ordered = gpus + [k for k in _NAMED_DEVICES if k in max_memory]
+    for key in max_memory:
+        if key not in ordered:
+            raise ValueError(
+                f"Device {key} is not recognized, available devices are integers(for GPU/XPU), 'mps', "
+                "'cpu' and 'disk'"
+            )
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for index in gpus:
         if index < 0 or index >= count:
             logger.warning(
                 "Device %s is not available, available devices are %s", index, list(range(count))
             )
-    ordered = gpus + [k for k in _NAMED_DEVICES if k in sizes]
-    for key in sizes:
-        if key not in ordered:
-            raise ValueError(
-                f"Device {key} is not recognized, available devices are integers(for GPU/XPU), 'mps', "
-                "'cpu' and 'disk'"
-            )
-    return {k: sizes[k] for k in ordered}
+    # The caller's dict is converted in place, as the reference does: transformers compares its own
+    # dict with the returned one afterwards and relies on both holding ints.
+    for key, value in list(max_memory.items()):
+        if isinstance(value, str):
+            max_memory[key] = convert_file_size_to_int(value)
+    return {k: max_memory[k] for k in ordered}
 
 
 def _gpu_indices(max_memory: Mapping[Any, int]) -> list[int]:

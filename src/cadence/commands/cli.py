@@ -12,7 +12,9 @@ import importlib
 import sys
 
 # Add a module name here to add a command (e.g. "test", "merge").
-COMMAND_MODULES = ("config_cmd", "env", "launch", "merge_weights", "test_cmd", "tpu")
+COMMAND_MODULES = (
+    "config_cmd", "env", "estimate", "launch", "merge_weights", "test_cmd", "to_fsdp2", "tpu",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,6 +59,18 @@ def add_timm_hub_prefix(model_name: str) -> str:
     return f"hf-hub:{model_name}"
 
 
+def _without_hub(model_name: str) -> bool:
+    """Whether to size `model_name` without asking the Hub: a local folder, or the Hub is off
+    (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) and the model must come from the cache."""
+    import os
+
+    offline = any(
+        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    return offline or os.path.isdir(model_name)
+
+
 def create_empty_model(
     model_name: str,
     library_name: str,
@@ -77,7 +89,10 @@ def create_empty_model(
         init_empty_weights,
     )
 
-    info = verify_on_hub(model_name, access_token)
+    local = _without_hub(model_name)
+    info = None if local else verify_on_hub(model_name, access_token)
+    if local and library_name is None:
+        library_name = "transformers"  # a local folder or a cached model: its config.json
     if info == "gated":
         raise OSError(
             f"Repo for model `{model_name}` is gated: log in with `huggingface-cli login` (with an "
@@ -102,7 +117,7 @@ def create_empty_model(
             raise ImportError(
                 f"Sizing `{model_name}` needs `transformers`: `pip install transformers`."
             ) from err
-        config_info = getattr(info, "config", None)
+        config_info = {} if local else getattr(info, "config", None)
         if config_info is None:
             raise RuntimeError(
                 f"Tried to load `{model_name}` with `transformers`, but its repo has no config metadata."
@@ -112,6 +127,7 @@ def create_empty_model(
             model_name, trust_remote_code=trust_remote_code, token=access_token
         )
         auto_map = config_info.get("auto_map") if isinstance(config_info, dict) else None
+        auto_map = auto_map or getattr(config, "auto_map", None)
         # Remote code may name its own AutoModelFor... class; the first one found builds the model.
         names = [key for key in (auto_map or {}) if key.startswith("AutoModelFor")]
         constructor = getattr(transformers, names[0]) if names else transformers.AutoModel
@@ -171,9 +187,18 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         parser = subparsers.add_parser("estimate-memory", description=description)
     else:
         parser = argparse.ArgumentParser("cadence estimate-memory", description=description)
-    parser.add_argument("model_name", type=str, help="The model name on the Hugging Face Hub.")
     parser.add_argument(
-        "--library_name", type=str, choices=["timm", "transformers"], help="The model's library."
+        "model_name",
+        type=str,
+        help="The model name on the Hugging Face Hub, a local folder with its config.json, or a "
+        "cached model (with HF_HUB_OFFLINE=1).",
+    )
+    parser.add_argument(
+        "--library_name",
+        "--library-name",
+        type=str,
+        choices=["timm", "transformers"],
+        help="The model's library.",
     )
     parser.add_argument(
         "--dtypes",
@@ -184,7 +209,11 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         help="The dtypes to estimate for.",
     )
     parser.add_argument(
-        "--trust_remote_code", action="store_true", default=False, help="Run the Hub repo's code."
+        "--trust_remote_code",
+        "--trust-remote-code",
+        action="store_true",
+        default=False,
+        help="Run the Hub repo's code.",
     )
     parser.set_defaults(func=estimate_command)
     return parser
@@ -262,6 +291,11 @@ def estimate_command(args: argparse.Namespace) -> None:
         )
     headers = ["dtype", "Largest Layer", "Total Size", "Training using Adam"]
     print(create_ascii_table(headers, rows, f"Memory Usage for loading `{args.model_name}`"))
+
+
+def register(subparsers: Any) -> None:
+    """Add the `estimate-memory` subcommand to `subparsers`."""
+    estimate_command_parser(subparsers)
 
 
 def main() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,10 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
         print(unknown_flags_message(unknown, _known_options), file=sys.stderr)
         return 2
     dry_run = bool(getattr(args, "dry_run", False))
-    for name in ("func", "accepts_unknown", "dry_run", "command"):
+    if getattr(args, "as_accelerate", False):
+        # The workers inherit the launcher's environment; the alias installs itself in each.
+        os.environ["CADENCE_AS_ACCELERATE"] = "1"
+    for name in ("func", "accepts_unknown", "dry_run", "command", "as_accelerate"):
         if name in vars(args):
             delattr(args, name)
     from .launch_xla import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)

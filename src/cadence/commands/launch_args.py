@@ -137,6 +137,10 @@ def build_launch_parser(
         help="Print the resolved plan and the exact worker command, and start nothing.",
     )
 
+    add(parser, "--as_accelerate", action="store_true",
+        help="Set CADENCE_AS_ACCELERATE=1 for every worker: `import accelerate` (transformers' "
+        "Trainer, TRL, peft, diffusers) gives Cadence.")  # fmt: skip
+
     hardware = parser.add_argument_group("Hardware selection")
     add(hardware, "--cpu", action="store_true", help="Run on CPU (gloo), even if GPUs are present.")
     add(hardware, "--multi_gpu", action="store_true", help="Run one process per GPU (NCCL).")

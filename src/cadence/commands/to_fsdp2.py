@@ -102,13 +102,21 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     else:
         parser = argparse.ArgumentParser("cadence to-fsdp2", description=description)
     parser.add_argument(
-        "--config_file", type=str, required=True, help="The config file to convert."
+        "--config_file",
+        "--config-file",
+        type=str,
+        required=True,
+        help="The config file to convert.",
     )
     parser.add_argument(
         "--overwrite", action="store_true", default=False, help="Rewrite the file in place."
     )
     parser.add_argument(
-        "--output_file", type=str, default=None, help="Where to write the converted config."
+        "--output_file",
+        "--output-file",
+        type=str,
+        default=None,
+        help="Where to write the converted config.",
     )
     parser.set_defaults(func=to_fsdp2_command)
     return parser
@@ -130,6 +138,11 @@ def to_fsdp2_command(args: argparse.Namespace) -> None:
     output = args.output_file or args.config_file
     with open(output, "w", encoding="utf-8") as handle:
         yaml.safe_dump(config, handle)
+
+
+def register(subparsers: Any) -> None:
+    """Add the `to-fsdp2` subcommand to `subparsers`."""
+    to_fsdp2_command_parser(subparsers)
 
 
 def main() -> int:

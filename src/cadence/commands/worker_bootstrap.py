@@ -130,6 +130,13 @@ def _run_module(name: str, args: list[str]) -> None:
     runpy.run_module(name, run_name="__main__", alter_sys=True)
 
 
+def _alias_if_asked() -> None:
+    # `cadence launch --as-accelerate` (or the variable): the wheel's startup hook already did this
+    # where Cadence is installed; here it also holds for a source checkout on PYTHONPATH.
+    if os.environ.get("CADENCE_AS_ACCELERATE", "").strip().lower() in ("1", "true", "yes", "on"):
+        import cadence.alias.startup  # noqa: F401  # deferred: only when the alias is asked for
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run a worker's target script or module (`--module`) given in `argv`, tied to its parent."""
     argv = sys.argv[1:] if argv is None else argv
@@ -142,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     _listen_to_interrupts()
     _whole_lines()
     faulthandler.enable(all_threads=True)
+    _alias_if_asked()
     target, args = argv[0], argv[1:]
     try:
         if as_module:

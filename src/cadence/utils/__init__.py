@@ -295,4 +295,11 @@ _ALIASES = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _ALIASES)
+# The reference's `accelerate.utils` submodules, attributes once used (code reaches them that way).
+_SUBMODULES = (
+    "ao", "bnb", "constants", "dataclasses", "deepspeed", "environment", "fsdp_utils", "imports",
+    "launch", "megatron_lm", "memory", "modeling", "offload", "operations", "other", "random", "rich",
+    "torch_xla", "transformer_engine", "versions",
+)  # fmt: skip
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _ALIASES, _SUBMODULES)
