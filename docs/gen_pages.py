@@ -125,6 +125,11 @@ def constant_repr(value: object) -> str:
     return text if len(text) <= 90 else text[:87] + "..."
 
 
+def anchor(entry: Entry) -> str:
+    """An HTML anchor named for the public path, so `page#cadence.utils.gather` links to the name."""
+    return f'<a id="{entry.path}"></a>'
+
+
 def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
     """The Markdown of one public module's page."""
     imported = import_quietly(module)
@@ -138,7 +143,10 @@ def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
     elif doc:
         lines += [doc.strip().split("\n\n")[0], ""]
     if not rows:
-        lines += ["This module holds no public names of its own (it exists for its import path).", ""]
+        lines += [
+            "This module holds no public names of its own (it exists for its import path).",
+            "",
+        ]
         return "\n".join(lines)
     documented = [row for row in rows if row.home and primary.get(row.home) == row.path]
     elsewhere = [row for row in rows if row.home and primary.get(row.home) != row.path]
@@ -146,6 +154,8 @@ def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
     others = [row for row in rows if row.home is None and row.kind != "constant"]
     for row in documented:
         lines += [
+            anchor(row),
+            "",
             f"::: {row.home}",
             "    options:",
             "      show_root_heading: true",
@@ -162,20 +172,20 @@ def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
         ]
         for row in elsewhere:
             target = primary[row.home]
-            lines.append(f"| `{row.name}` | [`{target}`][{row.home}] |")
+            lines.append(f"| {anchor(row)}`{row.name}` | [`{target}`][{row.home}] |")
         lines.append("")
     if constants:
         lines += ["## Constants", "", "| name | value |", "| --- | --- |"]
         for row in constants:
             value = getattr(imported, row.name, None)
-            lines.append(f"| `{row.name}` | `{constant_repr(value)}` |")
+            lines.append(f"| {anchor(row)}`{row.name}` | `{constant_repr(value)}` |")
         lines.append("")
     if others:
         lines += ["## Other names", "", "| name | what it is |", "| --- | --- |"]
         for row in others:
             value = getattr(imported, row.name, None) if imported is not None else None
             what = summary(value) or f"`{type(value).__name__}`"
-            lines.append(f"| `{row.name}` | {what} |")
+            lines.append(f"| {anchor(row)}`{row.name}` | {what} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -240,7 +250,9 @@ def cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def command_section(prefix: str, help_line: str, parser: argparse.ArgumentParser, level: int) -> list[str]:
+def command_section(
+    prefix: str, help_line: str, parser: argparse.ArgumentParser, level: int
+) -> list[str]:
     """The Markdown of one command, then of its subcommands."""
     lines = [f"{'#' * level} `{prefix}`", ""]
     if parser.description:
@@ -254,7 +266,9 @@ def command_section(prefix: str, help_line: str, parser: argparse.ArgumentParser
             names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.dest}`"
             meaning = cell(action.help or "")
             if action.choices and not isinstance(action.choices, dict):
-                meaning += " Choices: " + ", ".join(f"`{choice}`" for choice in action.choices) + "."
+                meaning += (
+                    " Choices: " + ", ".join(f"`{choice}`" for choice in action.choices) + "."
+                )
             lines.append(f"| {names} | {meaning} |")
         lines.append("")
     for name, sub_help, sub in subcommands(parser):
