@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -151,9 +152,8 @@ def test_the_pages_have_runnable_examples() -> None:
     assert {"getting-started.md", "concepts/checkpoints.md", "how-to/notebooks.md"} <= pages, pages
 
 
-@pytest.mark.parametrize(("spec", "code"), runnable_examples())
-def test_docs_example_runs(tmp_path: Path, spec: str | None, code: str) -> None:
-    """Each example runs as written, in a fresh process on CPU, in an empty folder (a multi-process one
+def run_example(folder: Path, spec: str | None, code: str) -> subprocess.CompletedProcess:
+    """Run one example as written, in a fresh process on CPU, in an empty folder (a multi-process one
     through `cadence launch`, as its marker says)."""
     env = {
         key: value
@@ -162,23 +162,38 @@ def test_docs_example_runs(tmp_path: Path, spec: str | None, code: str) -> None:
     }
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PJRT_DEVICE"):
         env.pop(name, None)
-    env.update(CUDA_VISIBLE_DEVICES="", HF_HOME=str(tmp_path / "hf"), TMPDIR=str(tmp_path))
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HOME=str(folder / "hf"), TMPDIR=str(folder))
     command = [sys.executable, "example.py"]
     words = (spec or "").split()
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
         key, _, value = words.pop(0).partition("=")
         env[key] = value
     if words:
-        assert words[:2] == ["cadence", "launch"], f"unknown runnable marker: {spec!r}"
+        if words[:2] != ["cadence", "launch"]:
+            raise ValueError(f"unknown runnable marker: {spec!r}")
         command = [sys.executable, "-m", "cadence.commands.cli", "launch", "-q", *words[2:]]
         command.append("example.py")
-    (tmp_path / "example.py").write_text(code + "\n")
-    done = subprocess.run(
-        command,
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=EXAMPLE_TIMEOUT_S,
+    (folder / "example.py").write_text(code + "\n")
+    return subprocess.run(
+        command, cwd=folder, env=env, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S
     )
+
+
+@pytest.fixture(scope="module")
+def example_runs(tmp_path_factory):
+    """Every example, run two at a time (each is a few seconds of start-up: torch, processes), so the
+    examples cost about half their sequential time; each test then waits for its own result."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {
+            param.id: pool.submit(run_example, tmp_path_factory.mktemp("example"), *param.values)
+            for param in runnable_examples()
+        }
+        yield futures
+        for future in futures.values():
+            future.cancel()  # what has not started yet, after a failed test run is interrupted
+
+
+@pytest.mark.parametrize(("spec", "code"), runnable_examples())
+def test_docs_example_runs(request, example_runs, spec: str | None, code: str) -> None:
+    done = example_runs[request.node.callspec.id].result()
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
