@@ -46,10 +46,10 @@ test-xla: $(XLA_STAMP)
 	PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -m xla tests/xla
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples benchmarks docs
-	$(VENV)/bin/ruff format --check src tests examples benchmarks docs
+	$(VENV)/bin/ruff check src tests examples benchmarks docs/*.py
+	$(VENV)/bin/ruff format --check src tests examples benchmarks docs/*.py
 	$(PY) -m pytest -q tests/test_layers.py   # the declared layers (ARCHITECTURE.md)
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format src tests examples benchmarks docs
-	$(VENV)/bin/ruff check --fix src tests examples benchmarks docs
+	$(VENV)/bin/ruff format src tests examples benchmarks docs/*.py
+	$(VENV)/bin/ruff check --fix src tests examples benchmarks docs/*.py

@@ -137,7 +137,7 @@ def test_the_generated_reference_shows_every_public_name_and_command() -> None:
                 assert f"`{action.option_strings[0]}`" in cli, (command, action.option_strings)
 
 
-def runnable_examples() -> list[tuple[str, str | None, str]]:
+def runnable_examples() -> list:
     found = []
     for page in sorted(DOCS.rglob("*.md")):
         text = page.read_text()
