@@ -84,6 +84,12 @@ def __getattr__(name: str) -> Any:
 
 @dataclass
 class _BaseConfig:
+    """The settings every config file holds, whatever its compute environment (public as
+    `cadence.commands.config.config_args.BaseConfig`).
+
+    `to_dict`, `to_json_file` and `to_yaml_file` write the file; every field has a default, so a file
+    may leave any key out."""
+
     compute_environment: str = LOCAL_MACHINE
     distributed_type: str = "NO"
     mixed_precision: str | None = "no"

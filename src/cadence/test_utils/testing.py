@@ -90,7 +90,12 @@ def get_backend() -> tuple[str, int, Callable[[], int]]:
         return "xpu", torch.xpu.device_count(), torch.xpu.memory_allocated
     if is_mps_available(min_version="2.0"):
         return "mps", 1, torch.mps.current_allocated_memory
-    return "cpu", 1, lambda: 0
+    return "cpu", 1, _no_device_memory
+
+
+def _no_device_memory() -> int:
+    """The allocated device memory of a machine without an accelerator: always 0 bytes."""
+    return 0
 
 
 torch_device, device_count, memory_allocated_func = get_backend()
