@@ -99,3 +99,45 @@ def report_world(config: dict) -> None:
             },
             f,
         )
+
+
+def hf_trainer_loop(config: dict) -> None:
+    """transformers' Trainer on a tiny regression model (under Ray: through prepare_trainer);
+    rank 0 saves the final weights to config["out"]."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+
+        def forward(self, x, labels=None):
+            out = self.net(x)
+            loss = None if labels is None else torch.nn.functional.mse_loss(out, labels)
+            return {"loss": loss, "logits": out}
+
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(3))
+    rows = [{"x": x[i], "labels": x[i].sum(dim=0, keepdim=True)} for i in range(32)]
+    args = transformers.TrainingArguments(
+        output_dir=config["out"] + ".trainer",
+        per_device_train_batch_size=4,
+        num_train_epochs=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    model = Tiny()
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+    if config.get("ray"):
+        from ray.train.huggingface.transformers import prepare_trainer
+
+        trainer = prepare_trainer(trainer)
+    trainer.train()
+    if trainer.is_world_process_zero():
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, config["out"])

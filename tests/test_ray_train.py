@@ -34,6 +34,8 @@ def cluster(tmp_path_factory):
         "OMP_NUM_THREADS": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_TRAIN_ENABLE_STATE_TRACKING": "0",
+        # resume_from_checkpoint (a fresh run from a given checkpoint) warns that it is deprecated.
+        "RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS": "0",
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -132,3 +134,26 @@ def test_plain_accelerator_adopts_rays_group_unless_switched_off(cluster):
             assert all(s["num_processes"] == 2 for s in seen)
             assert all(s["distributed_type"].endswith("MULTI_CPU") for s in seen)
             assert [s["is_main_process"] for s in seen] == [True, False]
+
+
+def _accelerate_is_cadence() -> bool:
+    try:
+        import accelerate
+    except ImportError:
+        return False
+    import cadence
+
+    return getattr(accelerate, "Accelerator", None) is cadence.Accelerator
+
+
+@pytest.mark.skipif(
+    not _accelerate_is_cadence(),
+    reason="needs the `accelerate` name pointed at Cadence (transformers imports it by name)",
+)
+def test_transformers_trainer_through_prepare_trainer(cluster):
+    pytest.importorskip("transformers")
+    from ray_train_loop import hf_trainer_loop
+
+    out = cluster / "hf-trainer.pt"
+    fit(cluster, "hf-trainer", hf_trainer_loop, {"ray": True, "out": str(out)})
+    assert_same(launched(cluster, "hf_trainer_loop"), torch.load(out))

@@ -27,7 +27,7 @@ from .async_writer import (
     write_rank_files,
 )
 from .atomic import begin_checkpoint, new_token
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointMismatchError
 from .fs import wait_for_removals
 from .layout import (
     custom_state_file,
@@ -365,6 +365,16 @@ class Checkpointer:
             world_size=self.num_processes,
         )
         loaded = read_training_state(path, targets, allow_pickle=allow_pickle)
+        saved_world = loaded.saved_world_size
+        if strategy.saves_sharded_state and not getattr(strategy, "reshards_on_load", True):
+            if saved_world is not None and saved_world != self.num_processes:
+                raise CheckpointMismatchError(
+                    f"{path} holds {strategy.name} shards of {saved_world} processes; this run has "
+                    f"{self.num_processes}. Load it on {saved_world} processes, or convert it "
+                    "with DeepSpeed's universal checkpoint (deepspeed.checkpoint.ds_to_universal) "
+                    "and load that through DeepSpeed's load_universal_checkpoint setting.",
+                    path=path,
+                )
         apply_training_state(path, targets, loaded)
         if loaded.rng is not None:
             self.set_step(int(loaded.rng.get("step", self.get_step())))

@@ -84,6 +84,7 @@ class LoadedState:
     loaders: dict[int, Any] = field(default_factory=dict)
     rng: Any = None
     rng_derived: bool = False  # a rank the checkpoint has no RNG state of (more processes now)
+    saved_world_size: int | None = None  # processes that saved (None: no manifest)
 
 
 def read_training_state(
@@ -114,6 +115,7 @@ def read_training_state(
         loaded.scaler = obj(scaler_file()) if targets.scaler is not None else None
         loaded.customs = [obj(custom_state_file(i)) for i in range(len(targets.customs))]
         saved_world = reader.manifest.world_size if reader.manifest is not None else None
+        loaded.saved_world_size = saved_world
         rank, world = targets.rank, targets.world_size
         changed = saved_world is not None and world is not None and world != saved_world
         for i in targets.loaders:
