@@ -129,3 +129,46 @@ def test_new_ranks_get_a_documented_rng_derivation():
     assert torch.equal(
         derived["torch_manual_seed"], derive_rng_state(rank0, 3)["torch_manual_seed"]
     )
+
+
+def _old_two_process_checkpoint(folder, loader_state):
+    """A checkpoint as Cadence wrote them before positions were global: one manifest for 2 ranks,
+    per-rank dataloader positions without their global count (written file by file)."""
+    import hashlib
+    import json
+    import os
+
+    os.makedirs(folder)
+    for rank in range(2):
+        torch.save(capture_rng_state(step=2), os.path.join(folder, f"random_states_{rank}.pkl"))
+        torch.save(loader_state, os.path.join(folder, f"dl_state_dict_rank{rank}.bin"))
+    files = {}
+    for name in sorted(os.listdir(folder)):
+        data = open(os.path.join(folder, name), "rb").read()
+        files[name] = {"size": len(data), "checksum": hashlib.sha256(data).hexdigest()}
+    manifest = {
+        "format": "cadence-checkpoint",
+        "format_version": 1,
+        "created": 0.0,
+        "world_size": 2,
+        "ranks": [0, 1],
+        "checksum_algorithm": "sha256",
+        "metadata": {},
+        "files": files,
+    }
+    with open(os.path.join(folder, "cadence_manifest.json"), "w") as f:
+        json.dump(manifest, f)
+
+
+def test_an_older_checkpoint_resumes_only_on_the_number_of_processes_that_saved_it(tmp_path):
+    from cadence.checkpointing import CheckpointMismatchError
+    from cadence.checkpointing.state_io import StateTargets, read_training_state
+
+    _, states = saved_after(steps=2)
+    old = {k: v for k, v in states[0].items() if k != "global"}
+    folder = tmp_path / "old"
+    _old_two_process_checkpoint(folder, old)
+    same = read_training_state(folder, StateTargets(loaders={0: build(2, 1)}, rank=1, world_size=2))
+    assert same.loaders[0]["batches_yielded"] == 2 and same.saved_world_size == 2
+    with pytest.raises(CheckpointMismatchError, match="resumes only on 2 processes"):
+        read_training_state(folder, StateTargets(loaders={0: build(1, 0)}, rank=0, world_size=1))

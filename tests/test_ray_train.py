@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,6 @@ def cluster(tmp_path_factory):
         "OMP_NUM_THREADS": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_TRAIN_ENABLE_STATE_TRACKING": "0",
-        # resume_from_checkpoint (a fresh run from a given checkpoint) warns that it is deprecated.
-        "RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS": "0",
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -59,7 +58,7 @@ def cluster(tmp_path_factory):
                 os.environ[key] = value
 
 
-def fit(storage: Path, name: str, loop, config: dict, checkpoint=None):
+def fit(storage: Path, name: str, loop, config: dict):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -68,7 +67,6 @@ def fit(storage: Path, name: str, loop, config: dict, checkpoint=None):
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(name=name, storage_path=str(storage)),
-        resume_from_checkpoint=checkpoint,
     )
     return trainer.fit()
 
@@ -114,9 +112,12 @@ def test_ray_workers_end_like_cadence_launch_and_resume_bit_identical(cluster):
         names = sorted(os.listdir(folder))
     assert {"cadence_manifest.rank0.json", "cadence_manifest.rank1.json"} <= set(names)
     assert {"random_states_0.pkl", "random_states_1.pkl", "model.safetensors"} <= set(names)
-    for attempt in range(3):  # the same checkpoint, resumed three times
+    for attempt in range(3):  # the same stopped run, resumed three times from copies of it
+        # A run started again under its name restores its latest checkpoint, which
+        # ray.train.get_checkpoint() returns in every worker.
+        shutil.copytree(cluster / "stopped", cluster / f"resumed-{attempt}")
         out = cluster / f"resumed-{attempt}.pt"
-        fit(cluster, f"resumed-{attempt}", train_loop, {"ray": True, "out": str(out)}, checkpoint)
+        fit(cluster, f"resumed-{attempt}", train_loop, {"ray": True, "out": str(out)})
         assert_same(uninterrupted, torch.load(out))
 
 
