@@ -172,3 +172,30 @@ def test_an_older_checkpoint_resumes_only_on_the_number_of_processes_that_saved_
     assert same.loaders[0]["batches_yielded"] == 2 and same.saved_world_size == 2
     with pytest.raises(CheckpointMismatchError, match="resumes only on 2 processes"):
         read_training_state(folder, StateTargets(loaders={0: build(1, 0)}, rank=0, world_size=1))
+
+
+def test_stateful_loader_position_from_save_state_continues_on_another_number():
+    loaders = [build(2, r, use_stateful_dataloader=True) for r in range(2)]
+    iterators = [iter(loader) for loader in loaders]
+    seen = [next(it).tolist() for it in iterators for _ in range(1)]
+    seen += [next(it).tolist() for it in iterators]
+    state = through_file(loaders[0].checkpoint_state_dict())  # what save_state writes
+    three = [build(3, r, use_stateful_dataloader=True) for r in range(3)]
+    for loader in three:
+        loader.load_state_dict(state)
+    rest = [b.tolist() for loader in three for b in loader]
+    everything = [s for b in seen for s in b] + [s for b in rest for s in b]
+    assert sorted(everything) == list(range(SIZE))
+
+
+def test_dispatching_loader_refuses_another_number_of_processes():
+    _, states = saved_after(steps=2)
+    torch.manual_seed(0)
+    loader = prepare_data_loader(
+        DataLoader(range(SIZE), batch_size=BATCH, shuffle=True),
+        dispatch_batches=True,
+        put_on_device=True,
+        device=torch.device("cpu"),
+    )
+    with pytest.raises(ValueError, match="only resume on the number of processes that saved it"):
+        loader.load_state_dict(states[0])
