@@ -10,12 +10,12 @@ from sharded_helpers import make_model, make_optimizer, max_difference, train_by
 GLOBAL_BATCH = 16
 
 
-def _accelerator():
+def _accelerator(version: int):
     from cadence import Accelerator
     from cadence.plugins import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2,
+        fsdp_version=version,
         auto_wrap_policy="transformer_based_wrap",
         transformer_cls_names_to_wrap=["Block"],
         state_dict_type="SHARDED_STATE_DICT",
@@ -23,10 +23,10 @@ def _accelerator():
     return Accelerator(fsdp_plugin=plugin)
 
 
-def save_or_load(directory: str, phase: str):
+def save_or_load(directory: str, phase: str, version: int = 2):
     """phase "save": 2 steps on 2 processes, then save_state; "load": a model initialised
     differently, load_state. Both return the gathered model state and the optimizer's step count."""
-    acc = _accelerator()
+    acc = _accelerator(version)
     model = make_model(seed=0 if phase == "save" else 42)
     optimizer = make_optimizer(model)
     model, optimizer = acc.prepare(model, optimizer)
@@ -40,11 +40,13 @@ def save_or_load(directory: str, phase: str):
     return full, steps
 
 
-@pytest.mark.parametrize("processes", [1, 3])
-def test_fsdp2_checkpoint_saved_on_two_loads_on_another_number(dist_pool, tmp_path, processes):
+@pytest.mark.parametrize("version, processes", [(2, 1), (2, 3)])
+def test_fsdp_checkpoint_saved_on_two_loads_on_another_number(
+    dist_pool, tmp_path, version, processes
+):
     directory = str(tmp_path / "ckpt")
-    saved = dist_pool(2).run(save_or_load, directory, "save")
-    loaded = dist_pool(processes).run(save_or_load, directory, "load")
+    saved = dist_pool(2).run(save_or_load, directory, "save", version)
+    loaded = dist_pool(processes).run(save_or_load, directory, "load", version)
     assert saved[0][1] == [2]
     assert max_difference(saved[0][0], loaded[0][0]) == 0
     assert all(steps == [2] for _, steps in loaded)
