@@ -21,7 +21,7 @@ from cadence.checkpointing import (
     verify,
 )
 from cadence.checkpointing import atomic as atomic_module
-from cadence.checkpointing.manifest import describe_file
+from cadence.checkpointing.manifest import describe_file, rank_manifest_name
 
 
 def _entries(path):
@@ -41,7 +41,7 @@ def test_commit_writes_files_then_manifest_and_renames(tmp_path):
 
     assert writer.commit(metadata={"step": 3}) == final
     assert _entries(tmp_path) == ["checkpoint_0"]
-    assert _entries(final) == ["a.bin", MANIFEST_NAME, "meta.json", "sub"]
+    assert _entries(final) == ["a.bin", MANIFEST_NAME, rank_manifest_name(0), "meta.json", "sub"]
     manifest = read_manifest(final)
     assert set(manifest.files) == {"a.bin", "meta.json", "sub/b.bin"}
     assert manifest.files["a.bin"].size == 5
@@ -70,7 +70,7 @@ def test_replacing_an_existing_folder_is_atomic_and_keeps_foreign_files(tmp_path
     second.save_bytes("model.bin", b"new weights!")
     second.commit()
     # The new checkpoint's files, plus the user's file; not the previous save's leftovers.
-    assert _entries(final) == [MANIFEST_NAME, "model.bin", "notes.txt"]
+    assert _entries(final) == [MANIFEST_NAME, rank_manifest_name(0), "model.bin", "notes.txt"]
     assert (final / "model.bin").read_bytes() == b"new weights!"
     assert (final / "notes.txt").read_text() == "user file"
     assert set(read_manifest(final).files) == {"model.bin"}

@@ -244,6 +244,7 @@ def rewrite_rng_state(folder):
     rank = dist.get_rank()
     with open_checkpoint(folder) as reader:
         files = {n: reader.read_bytes(n) for n in reader.names()}
+    dist.barrier()  # both ranks read the folder before rank 0 replaces it
     if rank == 0:
         writer = begin_checkpoint(folder, rank=0)
         for name, data in files.items():

@@ -57,6 +57,9 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
         ("CADENCE_USE_PARALLELISM_CONFIG", "ACCELERATE_USE_PARALLELISM_CONFIG"),
     ),
     "fork_launched": (None, ("FORK_LAUNCHED",)),
+    # Not launched by Cadence and no cpu=True: a process group someone else started (Ray Train)
+    # is ignored and each process runs alone, as the reference does (docs/differences.md).
+    "ignore_process_group": (None, ("CADENCE_IGNORE_PROCESS_GROUP",)),
     "fp8_backend": (None, ("CADENCE_FP8_BACKEND", "ACCELERATE_FP8_BACKEND")),
     "log_level": (None, ("CADENCE_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")),
     "stuck_timeout": ("stuck_timeout", ("CADENCE_STUCK_TIMEOUT",)),

@@ -61,11 +61,15 @@ class PartialState:
         self.fork_launched = resolve_flag("fork_launched", None, launch).value
         self.topology = topology
         xla = xla_runtime.xla_requested(cpu, launch)
+        group_exists = dist.is_available() and dist.is_initialized()
+        alone = (
+            group_exists and not cpu and resolve_flag("ignore_process_group", None, launch).value
+        )
         if xla:  # torch_xla's runtime knows the replicas (xmp.spawn), not the torchrun variables
             self._start_xla()
-        elif dist.is_available() and dist.is_initialized():
+        elif group_exists and not alone:
             self._adopt_process_group(topology, cpu)
-        elif topology.world_size > 1:
+        elif topology.world_size > 1 and not alone:
             self._start_process_group(topology, cpu, launch, kwargs)
         else:
             self.backend = None

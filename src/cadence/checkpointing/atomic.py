@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
@@ -48,8 +47,17 @@ from .manifest import (
     default_checksum,
     describe_file,
     is_complete,
+    is_manifest_name,
     new_hasher,
+    rank_manifests,
     read_manifest,
+)
+from .rank_markers import (
+    MARKER_RE,
+    failure_marker_name,
+    gather_rank_records,
+    marker_name,
+    write_marker,
 )
 from .safe_io import hash_view
 from .serialization import (
@@ -66,7 +74,6 @@ _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SIBLING_RE = re.compile(
     r"^\.(?P<name>.+)\.(?P<kind>tmp|old|deleting)-(?P<token>[A-Za-z0-9_-]{1,64})$"
 )
-_MARKER_RE = re.compile(r"^\.cadence-rank-(\d+)(\.failed)?\.json(\.partial)?$")
 
 # Temporary folders of saves in flight in this process; cleanup never touches them.
 _active_lock = threading.Lock()
@@ -82,22 +89,6 @@ def temporary_dir_for(final_dir: str | os.PathLike, token: str) -> Path:
     """The hidden temporary directory a checkpoint is written to before it is renamed."""
     final_dir = Path(final_dir)
     return final_dir.parent / f".{final_dir.name}.tmp-{token}"
-
-
-def _marker_name(rank: int) -> str:
-    return f".cadence-rank-{rank:05d}.json"
-
-
-def _failure_marker_name(rank: int) -> str:
-    return f".cadence-rank-{rank:05d}.failed.json"
-
-
-def _write_marker(path: Path, data: dict) -> None:
-    # Markers only coordinate the commit inside a folder nobody loads: a crash makes the whole
-    # temporary folder garbage, so they need no fsync, only an atomic appearance (rename).
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_bytes(json.dumps(data).encode())
-    os.replace(tmp, path)
 
 
 def _check_token(token: str) -> str:
@@ -134,7 +125,7 @@ def _check_name(name: str) -> str:
             f"Checkpoint file name must be relative and stay inside the folder, got {name!r}"
         )
     text = str(pure)
-    if text == MANIFEST_NAME or _MARKER_RE.match(pure.name):
+    if is_manifest_name(text) or MARKER_RE.match(pure.name):
         raise ValueError(f"{name!r} is reserved by Cadence's checkpoint format; pick another name.")
     return text
 
@@ -265,7 +256,7 @@ class CheckpointWriter:
                 "checksum_algorithm": self.checksum,
                 "files": {n: [r.size, r.checksum] for n, r in self._records.items()},
             }
-            _write_marker(self.tmp_dir / _marker_name(self.rank), marker)
+            write_marker(self.tmp_dir / marker_name(self.rank), marker)
             self._done = True
             return dict(self._records)
 
@@ -300,6 +291,15 @@ class CheckpointWriter:
         try:
             records = self._gather_records(expected, timeout)
             files = self._complete_records(records)
+            # Each rank's own record (files another program added count as the committer's).
+            owners = {n: records[n][0] if n in records else self.rank for n in files}
+            own = dict(
+                checksum_algorithm=self.checksum, world_size=world_size, metadata=metadata or {}
+            )
+            for name, part in rank_manifests(files, owners, expected, **own).items():
+                write_file_durably(
+                    self.tmp_dir / name, part.to_json().encode(), durable=self.durable
+                )
             manifest = Manifest(
                 files=files,
                 checksum_algorithm=self.checksum,
@@ -369,7 +369,7 @@ class CheckpointWriter:
             "message": str(error)[:2000],
         }
         try:
-            _write_marker(self.tmp_dir / _failure_marker_name(self.rank), info)
+            write_marker(self.tmp_dir / failure_marker_name(self.rank), info)
         except OSError:
             pass  # the folder is gone (the committer gave up already) or the disk is full
         self._finish()
@@ -398,52 +398,9 @@ class CheckpointWriter:
     def _gather_records(
         self, ranks: list[int], timeout: float
     ) -> dict[str, tuple[int, FileRecord]]:
-        deadline = time.monotonic() + max(0.0, timeout)
-        while True:
-            missing = [r for r in ranks if not (self.tmp_dir / _marker_name(r)).exists()]
-            for rank in missing:
-                failed = self.tmp_dir / _failure_marker_name(rank)
-                if failed.exists():
-                    raise _rank_failure(failed, rank, self.final_dir)
-            if not missing or time.monotonic() >= deadline:
-                break
-            time.sleep(0.02)
-        if missing:
-            raise CheckpointCommitError(
-                f"Cannot commit checkpoint {self.final_dir}: rank(s) {missing} did not finish "
-                f"writing their files into {self.tmp_dir} (no marker"
-                + (f" after {timeout:g} s" if timeout else "")
-                + "). Every process must call save_state and rank_done() before the commit.",
-                path=self.final_dir,
-            )
-        records: dict[str, tuple[int, FileRecord]] = {}
-        problems = []
-        for rank in ranks:
-            data = json.loads((self.tmp_dir / _marker_name(rank)).read_text())
-            if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
-                problems.append(f"rank {rank}: its marker is malformed")
-                continue
-            if data.get("checksum_algorithm") != self.checksum:
-                problems.append(
-                    f"rank {rank} hashed with {data.get('checksum_algorithm')!r}, "
-                    f"rank {self.rank} with {self.checksum!r}"
-                )
-                continue
-            for name, (size, checksum) in data["files"].items():
-                record = FileRecord(int(size), str(checksum))
-                if name in records and records[name][1] != record:
-                    problems.append(
-                        f"{name}: written differently by ranks {records[name][0]} and {rank}; "
-                        "each file must be written by one process"
-                    )
-                records.setdefault(name, (rank, record))
-        if problems:
-            raise CheckpointCommitError(
-                describe_problems(f"Cannot commit checkpoint {self.final_dir}:", problems),
-                path=self.final_dir,
-                problems=problems,
-            )
-        return records
+        return gather_rank_records(
+            self.tmp_dir, self.final_dir, ranks, timeout, self.checksum, self.rank
+        )
 
     def _complete_records(
         self, records: dict[str, tuple[int, FileRecord]]
@@ -474,7 +431,7 @@ class CheckpointWriter:
                 fsync_dir(root)  # entries of sub-folders (the top one is synced at commit)
             for fname in names:
                 rel = (Path(root) / fname).relative_to(self.tmp_dir).as_posix()
-                if rel in files or rel == MANIFEST_NAME or _MARKER_RE.match(fname):
+                if rel in files or is_manifest_name(rel) or MARKER_RE.match(fname):
                     continue
                 files[rel] = self._finish_file(self.tmp_dir / rel)
         return files
@@ -490,24 +447,9 @@ class CheckpointWriter:
         skip = {n.split("/")[0] for n in previous} | {MANIFEST_NAME}
         written = {n.split("/")[0] for n in files}
         for entry in self.final_dir.iterdir():
-            if entry.name in skip or entry.name in written:
+            if entry.name in skip or entry.name in written or is_manifest_name(entry.name):
                 continue
             link_or_copy(entry, self.tmp_dir / entry.name)
-
-
-def _rank_failure(marker: Path, rank: int, final_dir: Path) -> BaseException:
-    """The error another rank reported through its failure marker, raised on the committer."""
-    try:
-        info = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        info = {}
-    message = f"rank {rank} failed while writing checkpoint {final_dir}: " + str(
-        info.get("message", "unknown error")
-    )
-    code = info.get("errno")
-    if isinstance(code, int) and not isinstance(code, bool):
-        return OSError(code, message)
-    return CheckpointCommitError(message, path=final_dir)
 
 
 def _publish(tmp_dir: Path, final_dir: Path, token: str) -> Path | None:

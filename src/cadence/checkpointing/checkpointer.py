@@ -27,7 +27,7 @@ from .async_writer import (
     write_rank_files,
 )
 from .atomic import begin_checkpoint, new_token
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointMismatchError
 from .fs import wait_for_removals
 from .layout import (
     custom_state_file,
@@ -169,9 +169,11 @@ class Checkpointer:
     def _folder_plan(self, final: Path) -> tuple[str, list[int]]:
         """The save's shared token (made by rank 0) and the ranks saving into this process's folder.
 
-        Processes may be given different folders (each its own temporary directory, as scripts
-        written for the reference do): each folder is then a whole checkpoint of its own, written
-        by the ranks that named it and committed by the lowest of them.
+        Processes may be given different folders (each its own temporary directory, as Ray Train's
+        guide does): each folder is then committed by the lowest rank that named it and holds what
+        its ranks own (the main process's folder the replicated states, every rank's its RNG state
+        and position), each with its own per-rank manifest, so that a plain union of the folders is
+        the whole checkpoint.
         """
         mine = (new_token() if self.is_main_process else None, str(final.absolute()))
         entries = gather_object([mine])
@@ -184,7 +186,8 @@ class Checkpointer:
         """Every file this process writes: name -> state (tensors and plain values).
 
         `writes_shared`: this process also writes the files every rank holds alike (weights,
-        optimizers, schedulers, scaler, registered objects): the committer of its folder.
+        optimizers, schedulers, scaler, registered objects): the main process only, whichever
+        folder it saves into (every other rank writes only what is its own).
         """
         prepared, strategy = self.prepared, self.strategy
         rank = self.process_index
@@ -237,11 +240,14 @@ class Checkpointer:
                 self.strategy.save_sharded_state(
                     writer.tmp_dir, self.prepared.models, self.prepared.optimizers
                 )
-            files = self._gather_files(safe_serialization, str(writer.tmp_dir), writes_shared=main)
+            files = self._gather_files(
+                safe_serialization, str(writer.tmp_dir), writes_shared=self.is_main_process
+            )
         except BaseException:
             writer.abort()
             raise
-        metadata = {"cadence_files_by": "save_state", "step": self.get_step()}
+        # "save" ties the parts of one save together when per-worker folders are merged.
+        metadata = {"cadence_files_by": "save_state", "step": self.get_step(), "save": token}
         # total_limit=0 keeps only the checkpoint just written, as in the reference.
         limit = (
             max(config.total_limit, 1)
@@ -356,8 +362,19 @@ class Checkpointer:
             rank=rank,
             strict=strict,
             sharded=strategy.saves_sharded_state,
+            world_size=self.num_processes,
         )
         loaded = read_training_state(path, targets, allow_pickle=allow_pickle)
+        saved_world = loaded.saved_world_size
+        if strategy.saves_sharded_state and not getattr(strategy, "reshards_on_load", True):
+            if saved_world is not None and saved_world != self.num_processes:
+                raise CheckpointMismatchError(
+                    f"{path} holds {strategy.name} shards of {saved_world} processes; this run has "
+                    f"{self.num_processes}. Load it on {saved_world} processes, or convert it "
+                    "with DeepSpeed's universal checkpoint (deepspeed.checkpoint.ds_to_universal) "
+                    "and load that through DeepSpeed's load_universal_checkpoint setting.",
+                    path=path,
+                )
         apply_training_state(path, targets, loaded)
         if loaded.rng is not None:
             self.set_step(int(loaded.rng.get("step", self.get_step())))
@@ -365,10 +382,17 @@ class Checkpointer:
             strategy.load_sharded_state(path, prepared.models, prepared.optimizers)
         if loaded.rng is None:
             warnings.warn(
-                f"{path} holds no RNG state for process {rank} (saved with fewer processes?): "
-                "random numbers will not continue where the saved run left them.",
+                f"{path} holds no RNG state for process {rank} (it was saved with fewer processes "
+                "by an older Cadence): random numbers will not continue where the saved run left them.",
                 UserWarning,
                 stacklevel=3,
+            )
+        elif loaded.rng_derived:
+            logging.getLogger(__name__).info(
+                "Process %d is new since %s was saved: its random generators are seeded from rank "
+                "0's saved state and its rank (see the elastic-resume docs).",
+                rank,
+                path,
             )
         if automatic:
             self.project_config.iteration = next_iteration(path.parent)

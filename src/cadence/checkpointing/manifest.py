@@ -13,6 +13,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -38,6 +39,9 @@ from .schema import (
 )
 
 MANIFEST_NAME = "cadence_manifest.json"
+# Each rank's own record of the files it wrote: a file-level union of per-worker folders (Ray's merge)
+# never collides on it, and the union of all of them is the whole checkpoint.
+RANK_MANIFEST_RE = re.compile(r"^cadence_manifest\.rank(\d{1,8})\.json$")
 FORMAT_NAME = "cadence-checkpoint"
 FORMAT_VERSION = 1
 VerifyMode = Literal["full", "sizes", "none"]
@@ -145,6 +149,8 @@ class Manifest:
     torch_version: str = field(default_factory=lambda: _package_version("torch"))
     metadata: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    # Which rank wrote each file (from the per-rank manifests; empty for a single-manifest folder).
+    owners: dict[str, int] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> str:
         """The manifest as JSON text."""
@@ -189,17 +195,130 @@ def manifest_path(directory: str | os.PathLike) -> Path:
     return Path(directory) / MANIFEST_NAME
 
 
+def rank_manifest_name(rank: int) -> str:
+    """File name of the record of the files rank `rank` wrote into a checkpoint."""
+    return f"cadence_manifest.rank{rank}.json"
+
+
+def is_manifest_name(name: str) -> bool:
+    """True for the names the format reserves for manifests (the folder's and the ranks')."""
+    return name == MANIFEST_NAME or RANK_MANIFEST_RE.match(name) is not None
+
+
 def read_manifest(directory: str | os.PathLike) -> Manifest:
-    """The manifest of a checkpoint folder; a clear error when the save never finished."""
+    """The manifest of a checkpoint folder; a clear error when the save never finished.
+
+    `cadence_manifest.json` marks the folder committed. When the folder also holds per-rank
+    manifests (`cadence_manifest.rank<r>.json`, written since checkpoints compose), the result is
+    their union: every file of every rank, the saved world size, and which rank wrote what; a rank
+    of the saved world without its manifest is an error naming it. Older folders (one manifest
+    only) are read as they were written.
+    """
     directory = Path(directory)
+    top = _read_one(directory, MANIFEST_NAME)
+    try:
+        names = [n for n in os.listdir(directory) if RANK_MANIFEST_RE.match(n)]
+    except OSError:
+        names = []
+    if not names:
+        return top
+    whole = compose_rank_manifests(directory, [_read_one(directory, n) for n in sorted(names)])
+    # The folder's manifest comes from the same commit as the per-rank ones of its ranks: every
+    # file it lists is checked against it too (after a merge of per-worker folders it lists one
+    # folder's files).
+    whole.files.update(top.files)
+    return whole
+
+
+def compose_rank_manifests(directory: Path, parts: list[Manifest]) -> Manifest:
+    """One manifest from the per-rank ones of a folder; refuses parts that do not make a whole."""
+    problems: list[str] = []
+    first = parts[0]
+    world, algorithm = first.world_size, first.checksum_algorithm
+    token = first.metadata.get("save")
+    owners: dict[str, int] = {}
+    files: dict[str, FileRecord] = {}
+    ranks: set[int] = set()
+    for part in parts:
+        rank = part.ranks[0] if len(part.ranks) == 1 else None
+        if rank is None:
+            problems.append(f"a per-rank manifest lists ranks {part.ranks}, not one rank")
+            continue
+        label = rank_manifest_name(rank)
+        if part.world_size != world or part.checksum_algorithm != algorithm:
+            problems.append(
+                f"{label}: written by a save on {part.world_size} processes with "
+                f"{part.checksum_algorithm}, another part by one on {world} with {algorithm}"
+            )
+        if part.metadata.get("save") != token:
+            problems.append(f"{label}: belongs to another save than the other ranks' parts")
+        ranks.add(rank)
+        for name, record in part.files.items():
+            if name in files and files[name] != record:
+                problems.append(f"{name}: recorded differently by ranks {owners[name]} and {rank}")
+            files[name] = record
+            owners.setdefault(name, rank)
+    if not problems:
+        for rank in sorted(set(range(world)) - ranks):
+            problems.append(
+                f"rank {rank}: its part is missing ({rank_manifest_name(rank)} and its files, "
+                f"such as random_states_{rank}.pkl); the checkpoint was saved on {world} processes"
+            )
+        if problems:
+            raise CheckpointIncompleteError(
+                describe_problems(
+                    f"Checkpoint {directory} is incomplete: the state of some ranks is missing "
+                    "(when each process saved into its own folder, copy every folder into one):",
+                    problems,
+                ),
+                path=directory,
+                problems=problems,
+            )
+    if problems:
+        raise CheckpointCorruptError(
+            describe_problems(f"Checkpoint {directory} mixes parts that do not fit:", problems),
+            path=directory,
+            problems=problems,
+        )
+    rank0 = next(p for p in parts if p.ranks == [0])
+    return Manifest(
+        files=files,
+        checksum_algorithm=algorithm,
+        world_size=world,
+        ranks=sorted(ranks),
+        created=rank0.created,
+        cadence_version=rank0.cadence_version,
+        torch_version=rank0.torch_version,
+        metadata=dict(rank0.metadata),
+        owners=owners,
+    )
+
+
+def rank_manifests(
+    files: dict[str, FileRecord], owners: dict[str, int], ranks: Iterable[int], **fields: Any
+) -> dict[str, Manifest]:
+    """{file name: manifest} of each rank's own files (`owners`: file -> rank), for the commit."""
+    by_rank: dict[int, dict[str, FileRecord]] = {r: {} for r in ranks}
+    for name, record in files.items():
+        by_rank.setdefault(owners[name], {})[name] = record
+    return {
+        rank_manifest_name(r): Manifest(files=own, ranks=[r], **fields)
+        for r, own in by_rank.items()
+    }
+
+
+def _read_one(directory: Path, member: str) -> Manifest:
+    """One manifest file of `directory`, validated."""
     if not directory.is_dir():
         raise CheckpointIncompleteError(
             f"Checkpoint folder {directory} does not exist.", path=directory
         )
-    path = manifest_path(directory)
+    path = directory / member
     try:
-        fd = open_member(directory, MANIFEST_NAME)
+        fd = open_member(directory, member)
     except CheckpointIncompleteError:
+        if member != MANIFEST_NAME:
+            raise
         raise CheckpointIncompleteError(
             f"{directory} is not a complete checkpoint: it has no {MANIFEST_NAME}, which is "
             "written last when a save commits. The save that made it was interrupted, or the "

@@ -223,6 +223,11 @@ def loader_state_problems(loader: Any, state: Any, label: str = "dataloader") ->
             problems.append(f"{label}: '{key}' must be a non-negative int, got {str(value)[:40]}")
     if not isinstance(state.get("in_epoch"), bool):
         problems.append(f"{label}: 'in_epoch' must be true or false")
+    saved_world = (state.get("global") or {}).get("num_processes")
+    if saved_world is not None and saved_world != (own.get("global") or {}).get("num_processes"):
+        # Saved on another number of processes: a single process shuffles without the generator
+        # several share; the loader adopts it when loading (data/elastic.py).
+        return problems
     if list(state.get("generator_names") or []) != list(own["generator_names"]):
         problems.append(
             f"{label}: the checkpoint has random generators {state.get('generator_names')!r}, "

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .elastic_state import derive_rng_state, has_global_position
+from .errors import CheckpointIncompleteError, CheckpointMismatchError
 from .layout import (
     custom_state_file,
     dataloader_state_file,
@@ -67,6 +69,7 @@ class StateTargets:
     rank: int = 0
     strict: bool = True
     sharded: bool = False
+    world_size: int | None = None  # processes loading now (None: as many as saved)
 
 
 @dataclass
@@ -80,6 +83,8 @@ class LoadedState:
     customs: list[Any] = field(default_factory=list)
     loaders: dict[int, Any] = field(default_factory=dict)
     rng: Any = None
+    rng_derived: bool = False  # a rank the checkpoint has no RNG state of (more processes now)
+    saved_world_size: int | None = None  # processes that saved (None: no manifest)
 
 
 def read_training_state(
@@ -109,12 +114,37 @@ def read_training_state(
         loaded.schedulers = [obj(scheduler_file(i)) for i in range(len(targets.schedulers))]
         loaded.scaler = obj(scaler_file()) if targets.scaler is not None else None
         loaded.customs = [obj(custom_state_file(i)) for i in range(len(targets.customs))]
+        saved_world = reader.manifest.world_size if reader.manifest is not None else None
+        loaded.saved_world_size = saved_world
+        rank, world = targets.rank, targets.world_size
+        changed = saved_world is not None and world is not None and world != saved_world
         for i in targets.loaders:
-            name = dataloader_rank_file(i, targets.rank)
+            name = dataloader_rank_file(i, rank)
+            if changed and not reader.has(name):
+                name = dataloader_rank_file(i, 0)  # the position is global: rank 0's says it
             if reader.has(name):
                 loaded.loaders[i] = obj(name)
-        name = rng_state_file(targets.rank)
-        loaded.rng = obj(name) if reader.has(name) else None
+                if changed and not has_global_position(loaded.loaders[i]):
+                    raise CheckpointMismatchError(
+                        f"{path} was saved on {saved_world} processes by an older Cadence, whose "
+                        f"dataloader positions ({name}) count batches per process; it resumes only "
+                        f"on {saved_world} processes (this run has {world}).",
+                        path=path,
+                    )
+        name = rng_state_file(rank)
+        if reader.has(name):
+            loaded.rng = obj(name)
+        elif changed and rank >= saved_world and reader.has(rng_state_file(0)):
+            loaded.rng = derive_rng_state(obj(rng_state_file(0)), rank)
+            loaded.rng_derived = True
+        elif reader.manifest is not None and rank < reader.manifest.world_size:
+            raise CheckpointIncompleteError(
+                f"{path} holds no RNG state for rank {rank} ({name} is not part of it), though it "
+                f"was saved on {reader.manifest.world_size} processes. When each process saved "
+                "into its own folder, copy every folder into one before loading.",
+                path=path,
+                problems=[f"{name}: missing"],
+            )
     return loaded
 
 

@@ -16,6 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from ..state import GradientState
 from ..utils.random import synchronize_rng_states
 from .device_prefetch import batch_transfer, pin_memory_kwargs
+from .elastic import SourceResumeSkip
 from .position import (
     LoaderPosition,
     load_position,
@@ -293,7 +294,11 @@ class DataLoaderAdapter(DataLoader):
                 # from other random states.
                 forget_torchdata_state(self)
                 early = None
-            elif index_skip and self.persistent_workers and self.num_workers > 0:
+            elif (
+                (index_skip or resume.get("source_skip"))
+                and self.persistent_workers
+                and self.num_workers > 0
+            ):
                 self._iterator = None  # a kept iterator would not see the skipping index sampler
         if early is None or not getattr(self, "_initial_iter_for_state_dict", False):
             early = None  # the iterator state_dict() made is not the one this epoch reads
@@ -301,6 +306,9 @@ class DataLoaderAdapter(DataLoader):
         resuming = None
         if index_skip:
             resuming = ResumeSkip(self._index_sampler, index_skip)
+            self._resuming_index_sampler = resuming
+        elif resume is not None and resume.get("source_skip"):  # another number of processes
+            resuming = SourceResumeSkip(self._index_sampler, int(resume["source_skip"]))
             self._resuming_index_sampler = resuming
         try:
             iterator = super().__iter__()
@@ -407,9 +415,10 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         iterator, current, snapshot = self._open_base_iterator(
             resume, 0 if iterable else skip_here, fetch_first=True
         )
-        position.start_epoch(snapshot, own_skip + resume_skip)
+        source_skip = int(resume.get("source_skip", 0)) if resume is not None else 0
+        position.start_epoch(snapshot, own_skip + resume_skip, source_skip)
         # An epoch resumed after its last batch has nothing left but still ends.
-        had_batches = current is not _EXHAUSTED or resume_skip > 0
+        had_batches = current is not _EXHAUSTED or resume_skip > 0 or source_skip > 0
         while discard and current is not _EXHAUSTED:
             current = next(iterator, _EXHAUSTED)
             discard -= 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .elastic import GLOBAL_KEY, adopt_generators, global_record, needs_global_resume, resharded
 from .samplers import get_sampler
 from .stateful_layout import TORCHDATA_SKIPS, from_torchdata_layout, is_torchdata_layout
 
@@ -23,7 +24,15 @@ _KEYS = ("version", "epoch", "batches_yielded", "in_epoch", "generator_names", "
 class LoaderPosition:
     """Epoch and progress of one prepared dataloader (shared with those skip_first_batches derives)."""
 
-    __slots__ = ("epoch", "yielded", "in_epoch", "epoch_start", "pending", "last_epoch_batches")
+    __slots__ = (
+        "epoch",
+        "yielded",
+        "in_epoch",
+        "epoch_start",
+        "pending",
+        "last_epoch_batches",
+        "source_offset",
+    )
 
     def __init__(self, epoch: int = 0) -> None:
         self.epoch = epoch
@@ -34,12 +43,19 @@ class LoaderPosition:
             None  # a loaded mid-epoch state for the next iteration
         )
         self.last_epoch_batches: int | None = None  # batches of the epoch that just ended
+        # Source batches of the epoch's global order consumed before `yielded` started counting
+        # (an epoch resumed on another number of processes; see data/elastic.py).
+        self.source_offset = 0
 
-    def start_epoch(self, snapshot: dict[str, Any], already_yielded: int) -> None:
-        """Start an epoch from `snapshot`, with `already_yielded` batches already served."""
+    def start_epoch(
+        self, snapshot: dict[str, Any], already_yielded: int, source_offset: int = 0
+    ) -> None:
+        """Start an epoch from `snapshot`, with `already_yielded` batches already served (and
+        `source_offset` source batches consumed globally before them)."""
         self.last_epoch_batches = None
         self.epoch_start = snapshot
         self.yielded = already_yielded
+        self.source_offset = source_offset
         self.in_epoch = True
 
     def finish_epoch(self) -> None:
@@ -47,6 +63,7 @@ class LoaderPosition:
         self.last_epoch_batches = self.yielded
         self.epoch += 1
         self.yielded = 0
+        self.source_offset = 0
         self.in_epoch = False
         self.epoch_start = None
 
@@ -109,7 +126,9 @@ def restore_generators(loader: Any, snapshot: dict[str, Any]) -> None:
 def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]:
     """The loader's exact resumable position (epoch, batches handed out, generator states)."""
     if position.pending is not None:
-        return dict(position.pending)
+        pending = dict(position.pending)
+        pending.pop("source_skip", None)  # its global count says it again when loaded
+        return pending
     if position.in_epoch and position.epoch_start is not None:
         snapshot = position.epoch_start
     else:
@@ -122,6 +141,10 @@ def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]
         "generator_names": list(snapshot["generator_names"]),
         "generator_states": [s.clone() for s in snapshot["generator_states"]],
     }
+    in_epoch = position.in_epoch
+    state[GLOBAL_KEY] = global_record(
+        loader, position.yielded if in_epoch else 0, position.source_offset if in_epoch else 0
+    )
     if position.in_epoch and "torch_rng_state" in snapshot:
         state["torch_rng_state"] = snapshot["torch_rng_state"].clone()
     return state
@@ -134,6 +157,10 @@ def load_position(loader: Any, position: LoaderPosition, state: dict[str, Any]) 
     _validate(state)
     if not getattr(loader, "resume_exact_order", True) and not state.get(TORCHDATA_SKIPS):
         state = _as_reference_resume(loader, state)
+    else:
+        adopt_generators(loader, list(state["generator_names"]))
+        if needs_global_resume(loader, state):
+            state = resharded(loader, state)  # saved on another number of processes
     if state["in_epoch"]:
         # Applied when the next iteration starts: generators, global RNG and skip together.
         position.pending = dict(state)

@@ -92,6 +92,8 @@ class Strategy:
     divides_loss_for_accumulation = True
     # Whether models and optimizers are checkpointed by save_sharded_state / load_sharded_state.
     saves_sharded_state = False
+    # Its sharded checkpoints load on another number of processes (torch.distributed.checkpoint).
+    reshards_on_load: bool = True
 
     def prepare_group(
         self, objects: list[Any], kinds: list[str], placements: list[Any], prepare_one: Any

@@ -61,6 +61,7 @@ class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     divides_loss_for_accumulation = False
     saves_sharded_state = True
+    reshards_on_load = False  # engine.load_checkpoint reads the partitions of the saved world
 
     def __init__(self, *args: Any, gradient_state: GradientState) -> None:
         super().__init__(*args)
