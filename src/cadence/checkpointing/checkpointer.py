@@ -27,7 +27,7 @@ from .async_writer import (
     write_rank_files,
 )
 from .atomic import begin_checkpoint, new_token
-from .errors import CheckpointError
+from .errors import CheckpointError, NoCheckpointError
 from .fs import wait_for_removals
 from .layout import (
     custom_state_file,
@@ -337,9 +337,10 @@ class Checkpointer:
         directory = checkpoints_dir(self.project_config.project_dir)
         newest = latest_checkpoint(directory) if directory.is_dir() else None
         if newest is None:
-            raise FileNotFoundError(
+            raise NoCheckpointError(
                 f"No complete checkpoint in {directory} to resume from (incomplete ones are "
-                "ignored). Call save_state() first, or pass input_dir=."
+                "ignored). Call save_state() first, or pass input_dir=.",
+                path=directory,
             )
         return newest, True
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import xla_runtime
+from .checksums import new_hasher
 from .errors import CheckpointCorruptError, UnsafeCheckpointError
+from .safe_io import buffer_view
 
 if TYPE_CHECKING:
     import torch
@@ -197,8 +199,6 @@ def write_torch_hashed(path: str | os.PathLike, obj: Any, algorithm: str) -> tup
     `algorithm`) of the bytes written, hashed while they are written. Not fsynced."""
     import torch
 
-    from .checksums import new_hasher
-
     hasher = new_hasher(algorithm)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
@@ -355,8 +355,6 @@ def read_torch_buffer(
     way torch.load(mmap=True) cuts them out of a mapping; other loads copy them out of it.
     """
     import torch
-
-    from .safe_io import buffer_view
 
     def as_file() -> BufferFile:
         return BufferFile(buffer_view(buffer))

@@ -9,6 +9,8 @@ processes of one machine, and on network filesystems that support it (NFSv4, Lus
 flock enabled) between machines too.
 
     lock = acquire_writer_lock(project_dir)   # WriterLockedError when another live job holds it
+
+CADENCE_PROJECT_DIR_LOCK=0 in the environment (of every process) turns the check off.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..settings import env_bool, env_text
 from .errors import CheckpointError
 
 LOCK_NAME = ".cadence-writer.lock"
@@ -45,7 +48,7 @@ class WriterLockedError(CheckpointError):
 
 
 def _holder_info() -> dict[str, Any]:
-    job = {name: os.environ[name] for name in _JOB_VARIABLES if os.environ.get(name)}
+    job = {name: env_text(name) for name in _JOB_VARIABLES if env_text(name)}
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -139,6 +142,8 @@ def claim_project_dir(
     `project_dir`, and every rank learns the outcome through `agree` (a collective that returns
     every rank's list item, such as gather_object), so a refusal is raised on every rank, naming it,
     before any of them touches the folder."""
+    if not env_bool("CADENCE_PROJECT_DIR_LOCK", default=True):
+        return  # switched off: the reference's behaviour (see docs/differences.md)
     message = None
     if is_main:
         try:
