@@ -143,3 +143,22 @@ def test_refusal_reaches_every_rank_of_a_two_process_job(tmp_path):
     finally:
         release.write_text("go")
         holder.wait(timeout=120)
+
+
+def test_switching_the_lock_off_lets_a_second_job_save_as_the_reference_does(tmp_path):
+    project = tmp_path / "project"
+    release = tmp_path / "release"
+    holder = _start_holder(tmp_path, project, release)
+    try:
+        second = subprocess.run(
+            [sys.executable, str(tmp_path / "job.py"), str(project), "-"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=_env(CADENCE_PROJECT_DIR_LOCK="0"),
+        )
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "SAVED" in second.stdout
+    finally:
+        release.write_text("go")
+        holder.wait(timeout=120)
