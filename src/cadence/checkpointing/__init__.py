@@ -59,6 +59,7 @@ from .serialization import (
     write_safetensors,
     write_torch,
 )
+from .writer_lock import WriterLockedError
 
 __all__ = [
     "MANIFEST_NAME",
@@ -74,6 +75,7 @@ __all__ = [
     "FileRecord",
     "Manifest",
     "UnsafeCheckpointError",
+    "WriterLockedError",
     "apply_model_state",
     "automatic_checkpoint_dir",
     "begin_checkpoint",

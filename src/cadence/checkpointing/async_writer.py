@@ -20,9 +20,13 @@ No collective runs in the thread: the committing process waits for the other ran
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401  # its exit hook must be registered before ours
 import copy
 import logging
+import os
+import sys
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -173,8 +177,55 @@ class _Staging:
         self._used.clear()
 
 
+_live_savers: weakref.WeakSet = weakref.WeakSet()
+_exit_hook_registered = False
+_exit_hook_lock = threading.Lock()
+
+
+def _finish_pending_saves() -> None:
+    """At interpreter exit, before thread pools refuse new work: let every pending save commit.
+
+    A save that fails here has nobody left to raise to: say so on stderr and end the process
+    with status 1, so a scheduler sees that the last checkpoint was not written.
+    """
+    failed = []
+    for saver in list(_live_savers):
+        try:
+            saver.wait()
+        except BaseException as e:  # reported below
+            failed.append(e)
+    if failed:
+        for e in failed:
+            print(
+                f"cadence: the asynchronous checkpoint save pending at exit failed and was not "
+                f"committed: {type(e).__name__}: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
+        os._exit(1)
+
+
+def _register_exit_hook() -> None:
+    """Register _finish_pending_saves once. threading runs its exit hooks in reverse order of
+    registration, and concurrent.futures registered its own (which makes every executor refuse
+    new futures) when it was imported, above: ours runs first, while the writers' pools work."""
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if _exit_hook_registered:
+            return
+        register = getattr(threading, "_register_atexit", None)
+        if register is None:  # no such hook (other interpreters): the non-daemon thread remains
+            return
+        try:
+            register(_finish_pending_saves)
+        except RuntimeError:  # already shutting down: the caller's thread is joined anyway
+            return
+        _exit_hook_registered = True
+
+
 class AsyncCheckpointSaver:
-    """Runs at most one save at a time in a background thread."""
+    """Runs at most one save at a time in a background thread; a save still running when the
+    interpreter exits commits first (or the process exits with status 1 saying why)."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
@@ -289,7 +340,10 @@ class AsyncCheckpointSaver:
                 self._error = e
                 logger.error("Asynchronous checkpoint save failed: %s", e)
 
-        # Not a daemon: an interpreter exiting normally finishes the save before it stops.
+        # Not a daemon, and waited for by an exit hook that runs before concurrent.futures stops
+        # accepting work: an interpreter exiting normally commits the save before it stops.
+        _register_exit_hook()
+        _live_savers.add(self)
         self._thread = threading.Thread(target=run, name="cadence-async-save", daemon=False)
         self._thread.start()
 

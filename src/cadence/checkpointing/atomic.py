@@ -64,7 +64,7 @@ from .serialization import (
     SAFETENSORS_METADATA,
     dedupe_shared_tensors,
     write_safetensors,
-    write_torch,
+    write_torch_hashed,
 )
 from .tensor_file import supports_fast_write, write_tensor_file
 
@@ -232,8 +232,8 @@ class CheckpointWriter:
         """Any state made of tensors and plain Python values, loadable with weights_only=True."""
 
         path = self.file_path(name)
-        write_torch(path, obj)
-        self.add_file(name)
+        size, checksum = write_torch_hashed(path, obj, self.checksum)  # hashed while written
+        self._add_known(name, path, FileRecord(size, checksum))
         return path
 
     # ----------------------------------------------------------------- finishing

@@ -27,7 +27,7 @@ from .async_writer import (
     write_rank_files,
 )
 from .atomic import begin_checkpoint, new_token
-from .errors import CheckpointError, CheckpointMismatchError
+from .errors import CheckpointError, CheckpointMismatchError, NoCheckpointError
 from .fs import wait_for_removals
 from .layout import (
     custom_state_file,
@@ -53,6 +53,7 @@ from .state_io import (
     dataloader_rank_file,
     read_training_state,
 )
+from .writer_lock import claim_project_dir
 
 
 def _failure(error: BaseException | None, rank: int) -> dict | None:
@@ -130,6 +131,7 @@ class Checkpointer:
         # How a model's whole state dict is taken (the Accelerator's get_state_dict by default).
         self.state_dict = state_dict or strategy.state_dict
         self._async_saver: AsyncCheckpointSaver | None = None
+        self._claimed_project_dir = False
 
     @property
     def is_main_process(self) -> bool:
@@ -137,6 +139,23 @@ class Checkpointer:
         return self.process_index == 0
 
     # -- save_state ---------------------------------------------------------------------------------
+    def _claim_project_dir(self) -> None:
+        """Before the first automatically named save: a second live job saving into the same
+        project_dir would overwrite this one's checkpoints, so it is refused on every rank (a
+        collective, on the first save only) before anything is written."""
+        config = self.project_config
+        if self._claimed_project_dir or not config.automatic_checkpoint_naming:
+            return
+        if config.project_dir is None:
+            return  # _resolve_save_dir says what is missing
+        claim_project_dir(
+            config.project_dir,
+            is_main=self.is_main_process,
+            rank=self.process_index,
+            agree=gather_object,
+        )
+        self._claimed_project_dir = True
+
     def _resolve_save_dir(self, output_dir: Any) -> Path:
         config = self.project_config
         if config.automatic_checkpoint_naming:
@@ -221,6 +240,7 @@ class Checkpointer:
     ) -> str:
         """Write everything into one atomically committed folder; returns its path (collective)."""
         async_save = bool(kwargs.pop("async_save", False))
+        self._claim_project_dir()
         final = self._resolve_save_dir(output_dir)
         self.wait_for_async_save()
         config = self.project_config
@@ -323,9 +343,10 @@ class Checkpointer:
         directory = checkpoints_dir(self.project_config.project_dir)
         newest = latest_checkpoint(directory) if directory.is_dir() else None
         if newest is None:
-            raise FileNotFoundError(
+            raise NoCheckpointError(
                 f"No complete checkpoint in {directory} to resume from (incomplete ones are "
-                "ignored). Call save_state() first, or pass input_dir=."
+                "ignored). Call save_state() first, or pass input_dir=.",
+                path=directory,
             )
         return newest, True
 

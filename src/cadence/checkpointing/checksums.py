@@ -1,8 +1,10 @@
 """Checksum algorithms of checkpoint files, by the name a manifest records.
 
-New checkpoints use xxh3_128 (a fast non-cryptographic 128-bit hash, several GB/s) when the
-optional `xxhash` package is installed, else sha256. crc32 and sha256 stay readable for
-checkpoints written by older versions or without xxhash.
+New checkpoints use xxh3_128 (a fast non-cryptographic 128-bit hash) from `xxhash`, a core
+dependency. Measured on one core of the development machine (256 MB in memory): xxh3_128
+11 GB/s, zlib.crc32 3.3 GB/s, sha256 1.4 GB/s, blake2b 0.7 GB/s; hashing in C releases the GIL,
+so files are hashed while other threads read. sha256 stays the fallback where xxhash cannot be
+imported, and crc32 and sha256 stay readable: the manifest records each checkpoint's algorithm.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class _Crc32:
 
 
 def _xxh3_128():
-    import xxhash  # optional dependency
+    import xxhash  # imported lazily: `import cadence` stays cheap
 
     return xxhash.xxh3_128()
 
@@ -34,16 +36,17 @@ ALGORITHMS = {"sha256": hashlib.sha256, "crc32": _Crc32, "xxh3_128": _xxh3_128}
 
 
 def xxhash_installed() -> bool:
-    """True when the optional `xxhash` package can be imported."""
+    """True when the `xxhash` package can be imported (a core dependency; absent only in an
+    install that skipped dependencies)."""
     try:
-        import xxhash  # noqa: F401  # optional dependency
+        import xxhash  # noqa: F401  # imported lazily
     except ImportError:
         return False
     return True
 
 
 def default_checksum() -> str:
-    """xxh3_128 when the optional `xxhash` package is installed, else sha256."""
+    """xxh3_128 (from `xxhash`, a core dependency), else sha256."""
     return "xxh3_128" if xxhash_installed() else "sha256"
 
 

@@ -22,6 +22,10 @@ class CheckpointIncompleteError(CheckpointError):
     """The save never finished: the manifest or a file it lists is missing."""
 
 
+class NoCheckpointError(CheckpointIncompleteError, FileNotFoundError):
+    """No complete checkpoint to resume from (also a FileNotFoundError, what was raised before)."""
+
+
 class CheckpointCorruptError(CheckpointError):
     """The checkpoint was committed but a file changed since: wrong size, wrong checksum, unreadable."""
 

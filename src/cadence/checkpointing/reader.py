@@ -2,22 +2,24 @@
 
 Opening validates the manifest and checks every file's type and size, so a truncated, incomplete
 or tampered-with checkpoint fails before anything is read. With verify="full", each file's checksum
-is checked completely before any byte of it is deserialized (one pass over the file; safetensors
-and weights-only files are then mapped, not copied). Load everything first, then check that each
+is checked before any byte of it is deserialized: each file is read once into private memory and
+hashed while it is read, then deserialized from that memory (tensors are views of it, nothing maps
+the file), so what is used is exactly what was verified, and nothing refers to the checkpoint's
+files after a load. `prefetch(names)` verifies several files in parallel in background threads. Load everything first, then check that each
 state fits its object, then apply: nothing is applied half-way.
 
     with open_checkpoint(path) as ckpt:
-        weights = ckpt.load_tensors("model.safetensors")   # checked, then mapped
+        weights = ckpt.load_tensors("model.safetensors")   # read once, checked, then parsed
         optim = ckpt.load_object("optimizer.bin")           # checked, then weights_only load
     model.load_state_dict(weights); optimizer.load_state_dict(optim)
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,6 @@ from .atomic import recover_interrupted_commit
 from .checksums import ALGORITHMS
 from .errors import (
     CheckpointCorruptError,
-    CheckpointError,
     CheckpointIncompleteError,
     describe_problems,
 )
@@ -38,22 +39,24 @@ from .manifest import (
     read_manifest,
 )
 from .safe_io import (
+    buffer_view,
     check_member,
     hash_member,
-    map_verified,
     open_member,
     read_bytes_verified,
     read_verified,
-    resolve_member,
 )
 from .schema import check_member_name
-from .serialization import read_torch
+from .serialization import BufferFile, read_torch_buffer
 from .tensor_file import tensors_from_buffer
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+
+# Reading and hashing in C release the GIL: a few files at once use the cores and the disk.
+_PREFETCH_THREADS = min(4, os.cpu_count() or 1)
 
 
 class CheckpointReader:
@@ -64,6 +67,8 @@ class CheckpointReader:
         self.path = path
         self.manifest = manifest
         self.verify_mode = verify
+        self._prefetched: dict[str, Future] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     # ---------------------------------------------------------------- files
     def has(self, name: str) -> bool:
@@ -157,62 +162,54 @@ class CheckpointReader:
                 problems=[f"{name}: not valid JSON"],
             ) from None
 
+    def prefetch(self, names: list[str]) -> None:
+        """Start reading and verifying files `names` in background threads (reads and hashing in C
+        release the GIL), so several files are verified in parallel while earlier ones are
+        deserialized and applied. Errors are raised when the file is loaded."""
+        for name in names:
+            if name in self._prefetched or not self.has(name):
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=_PREFETCH_THREADS, thread_name_prefix="cadence-ckpt-read"
+                )
+            self._prefetched[name] = self._pool.submit(self._read_verified, name)
+
+    def _read_verified(self, name: str) -> Any:
+        size, checksum, algorithm = self._record(name)
+        return read_verified(self.path, name, size, checksum, algorithm)
+
+    def _buffer(self, name: str) -> Any:
+        """The verified content of `name` in private memory (a uint8 tensor), read exactly once."""
+        future = self._prefetched.pop(name, None)
+        if future is not None:
+            return future.result()
+        return self._read_verified(name)
+
     def load_object(
         self, name: str, map_location: Any = None, *, allow_pickle: bool = False, **kwargs: Any
     ) -> Any:
         """A torch.save'd object, read with weights_only=True unless `allow_pickle` (see read_torch).
 
-        The whole file is checked first. With full unpickling it is then deserialized from the
-        private copy that was checked, so code in a swapped file can never run.
+        The file is read once into private memory and hashed while it is read; it is deserialized
+        from that very memory after its checksum matched, so neither code nor data of a file
+        swapped or rewritten meanwhile is ever used, and the tensors returned refer to no file.
         """
 
         if kwargs.get("weights_only") is False:
             allow_pickle = True
-        size, checksum, algorithm = self._record(name)
+        buffer = self._buffer(name)
         source = os.fspath(self.path / name)
-        if allow_pickle or map_location not in (None, "cpu") or kwargs:
-            data = read_bytes_verified(self.path, name, size, checksum, algorithm)
-            if not allow_pickle:
-                _check_torch_archive(io.BytesIO(data), size, source, self.path)
-            return read_torch(
-                io.BytesIO(data), map_location, allow_pickle=allow_pickle, source=source, **kwargs
-            )
-        # weights_only: map the checked file instead of copying it (a race can change data, never
-        # run code, and every state is checked against its object before it is applied).
-        fd_stat = _identity(self.path, name)
-        self.file(name) if checksum is not None else check_member(self.path, name, size)
-        with open(resolve_member(self.path, name), "rb") as f:
-            _check_torch_archive(f, size, source, self.path)
-        try:
-            obj = read_torch(source, map_location, allow_pickle=False, source=source, mmap=True)
-        except CheckpointError:
-            raise
-        except RuntimeError as e:
-            if "mmap" not in str(e):
-                raise CheckpointCorruptError(
-                    f"Cannot read {source}: {e}", path=self.path, problems=[f"{name}: {e}"]
-                ) from e
-            # An old (non-zip) torch file cannot be mapped: read the checked bytes instead.
-            data = read_bytes_verified(self.path, name, size, checksum, algorithm)
-            return read_torch(io.BytesIO(data), map_location, source=source)
-        except Exception as e:
-            raise CheckpointCorruptError(
-                f"Cannot read {source}: {e}", path=self.path, problems=[f"{name}: {e}"]
-            ) from e
-        if _identity(self.path, name) != fd_stat:
-            raise CheckpointCorruptError(
-                f"Checkpoint {self.path}: {name} was replaced while it was being loaded.",
-                path=self.path,
-            )
-        return obj
+        if not allow_pickle:
+            _check_torch_archive(BufferFile(buffer_view(buffer)), buffer.numel(), source, self.path)
+        return read_torch_buffer(
+            buffer, map_location, source=source, allow_pickle=allow_pickle, **kwargs
+        )
 
     def load_tensors(self, name: str, device: str | int = "cpu") -> dict[str, torch.Tensor]:
-        """A safetensors file as a dict of tensors (zero-copy views of the checked file on CPU)."""
+        """A safetensors file as a dict of tensors (views of the verified private copy on CPU)."""
 
-        size, checksum, algorithm = self._record(name)
-        buffer = map_verified(self.path, name, size, checksum, algorithm)
-        if buffer is None:
-            buffer = read_verified(self.path, name, size, checksum, algorithm)
+        buffer = self._buffer(name)
         tensors, _ = tensors_from_buffer(buffer, os.fspath(self.path / name))
         if str(device) != "cpu":
             tensors = {k: v.to(device) for k, v in tensors.items()}
@@ -223,7 +220,13 @@ class CheckpointReader:
         """Every file was checked before it was returned; kept for callers of earlier versions."""
 
     def close(self) -> None:
-        """Nothing stays open between reads."""
+        """Drop prefetched files nobody loaded (their reads finish in the background)."""
+        for future in self._prefetched.values():
+            future.cancel()
+        self._prefetched.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
     def __enter__(self) -> CheckpointReader:
         return self
@@ -260,11 +263,6 @@ def _check_torch_archive(f: Any, size: int, source: str, directory: Path) -> Non
             raise bad(f"archive entry {info.filename[:80]!r} is compressed; torch never does that")
         if info.file_size > size or info.header_offset + info.file_size > size:
             raise bad(f"archive entry {info.filename[:80]!r} claims more bytes than the file holds")
-
-
-def _identity(directory: Path, name: str) -> tuple[int, int, int]:
-    info = os.stat(resolve_member(directory, name))
-    return info.st_dev, info.st_ino, info.st_size
 
 
 def open_checkpoint(

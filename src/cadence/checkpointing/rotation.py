@@ -74,23 +74,46 @@ def list_checkpoints(
 
 
 def latest_checkpoint(directory: str | os.PathLike, mode: VerifyMode = "sizes") -> Path | None:
-    """The newest complete checkpoint in `directory` (incomplete ones and leftovers are ignored)."""
+    """The newest complete checkpoint in `directory` (incomplete ones and leftovers are ignored).
+
+    A checkpoint that vanishes while it is looked at was pruned by a job saving meanwhile, which
+    committed a newer one first: the folder is then listed again (a few times at most), so a
+    concurrent rotation never makes "no checkpoint" out of a folder that always holds one.
+    """
     directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    numbered = sorted(
-        (
-            (int(m.group(1)), entry)
-            for entry in directory.iterdir()
-            if (m := _CHECKPOINT_RE.match(entry.name)) and entry.is_dir()
-        ),
-        reverse=True,
-    )
-    for _index, path in numbered:
-        if is_complete(path, mode):
-            return path
-        logger.warning("Ignoring incomplete checkpoint %s", path)
+    for _attempt in range(_RESCANS):
+        if not directory.is_dir():
+            return None
+        numbered = sorted(
+            (
+                (int(m.group(1)), entry)
+                for entry in _entries(directory)
+                if (m := _CHECKPOINT_RE.match(entry.name)) and entry.is_dir()
+            ),
+            reverse=True,
+        )
+        vanished = False
+        for _index, path in numbered:
+            if is_complete(path, mode):
+                return path
+            if not path.exists():
+                vanished = True  # pruned meanwhile: a newer one was committed before
+                break
+            logger.warning("Ignoring incomplete checkpoint %s", path)
+        if not vanished:
+            return None
     return None
+
+
+_RESCANS = 5
+
+
+def _entries(directory: Path) -> list[Path]:
+    """The folder's entries; none when the folder itself was removed meanwhile."""
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def checkpoint_index(path: str | os.PathLike) -> int | None:

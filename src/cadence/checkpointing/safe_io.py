@@ -4,14 +4,17 @@ Only regular files inside the folder are read: a FIFO, a device, a socket or a f
 listed name is refused (opened non-blocking, so a FIFO cannot stall the open), and so is a symlink
 whose target leaves the checkpoint folder. Sizes are compared with the manifest on the open file
 before reading, and reads never go past the declared size, so `/dev/zero` behind a name cannot make
-a load run forever. `read_verified` reads a file once into private memory and checks its checksum
-before anyone deserializes a byte of it.
+a load run forever. `read_verified` reads a file once into private memory, hashing it while it is
+read, and checks its checksum before anyone deserializes a byte of it: what is deserialized is
+exactly what was verified, and nothing refers to the file afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -137,13 +140,22 @@ def read_verified(
 ) -> Any:
     """Read file `name` once into private memory; raise CheckpointCorruptError unless it has `size`
     bytes and (when `checksum` is given) that checksum. Returns the buffer (a uint8 tensor or
-    bytearray); nothing of the file is interpreted before its checksum matched."""
+    bytearray); nothing of the file is interpreted before its checksum matched.
+
+    The checksum is computed from the very bytes read into the buffer, chunk by chunk by a second
+    thread while the next chunk is read (hashing in C releases the GIL): the file is read once,
+    and a file rewritten on disk after this read cannot reach the caller unverified.
+    """
     directory = Path(directory)
     fd = open_member(directory, name, size)
+    hashing = checksum is not None and algorithm is not None
     try:
         buffer = _allocate(size)
         view = buffer_view(buffer)
-        got = _read_exactly(fd, view) if size else 0
+        if hashing:
+            got, actual = _read_hashing(fd, view, algorithm)
+        else:
+            got, actual = (_read_exactly(fd, view) if size else 0), None
         extra = os.read(fd, 1) if got == size else b""
     except OSError as e:
         raise _corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
@@ -151,15 +163,58 @@ def read_verified(
         os.close(fd)
     if got != size or extra:
         raise _corrupt(directory, f"{name}: changed size while being read (is it being written?)")
-    if checksum is not None and algorithm is not None:
-        actual = hash_view(view, algorithm)
-        if actual != checksum:
-            raise _corrupt(
-                directory,
-                f"{name}: content changed since the save ({algorithm} is {actual}, "
-                f"the manifest says {checksum})",
-            )
+    if hashing and actual != checksum:
+        raise _corrupt(
+            directory,
+            f"{name}: content changed since the save ({algorithm} is {actual}, "
+            f"the manifest says {checksum})",
+        )
     return buffer
+
+
+_PIPELINE_CHUNK = 8 << 20  # small enough to be hashed from the CPU cache right after the read
+
+
+def _read_hashing(fd: int, view: memoryview, algorithm: str) -> tuple[int, str]:
+    """Fill `view` from `fd` while a second thread hashes each chunk as soon as it is read.
+
+    Returns (bytes read, hex digest of exactly those bytes)."""
+    hasher = new_hasher(algorithm)
+    total = len(view)
+    if total <= 2 * _PIPELINE_CHUNK:  # small: a thread costs more than it saves
+        got = _read_exactly(fd, view) if total else 0
+        hasher.update(view[:got])
+        return got, hasher.hexdigest()
+    chunks: queue.SimpleQueue = queue.SimpleQueue()
+    failure: list[BaseException] = []
+
+    def consume() -> None:
+        while True:
+            chunk = chunks.get()
+            if chunk is None:
+                return
+            if not failure:
+                try:
+                    hasher.update(chunk)
+                except BaseException as e:  # re-raised by the reader below
+                    failure.append(e)
+
+    thread = threading.Thread(target=consume, name="cadence-ckpt-verify", daemon=True)
+    thread.start()
+    got = 0
+    try:
+        while got < total:
+            n = os.readv(fd, [view[got : min(total, got + _PIPELINE_CHUNK)]])
+            if n == 0:
+                break
+            chunks.put(view[got : got + n])
+            got += n
+    finally:
+        chunks.put(None)
+        thread.join()
+    if failure:
+        raise failure[0]
+    return got, hasher.hexdigest()
 
 
 def hash_view(view: memoryview, algorithm: str) -> str:
@@ -204,44 +259,6 @@ def read_bytes_verified(
     return data
 
 
-def map_verified(
-    directory: str | os.PathLike, name: str, size: int, checksum: str | None, algorithm: str | None
-) -> Any:
-    """Check file `name` (one pass, bounded by `size`), then map the same open file copy-on-write
-    and return it as a uint8 tensor: zero-copy loading. Pages are shared with the page cache until
-    written; the file is never changed through the mapping."""
-    import mmap
-
-    import torch
-
-    directory = Path(directory)
-    fd = open_member(directory, name, size)
-    try:
-        if checksum is not None and algorithm is not None:
-            actual = _hash_fd(directory, name, fd, size, algorithm)
-            if actual != checksum:
-                raise _corrupt(
-                    directory,
-                    f"{name}: content changed since the save ({algorithm} is {actual}, "
-                    f"the manifest says {checksum})",
-                )
-        if size == 0:
-            return torch.empty(0, dtype=torch.uint8)
-        try:
-            mapped = mmap.mmap(
-                fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-            )
-        except (OSError, ValueError, AttributeError):
-            return None  # the caller reads instead
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return torch.frombuffer(mapped, dtype=torch.uint8)
-    finally:
-        os.close(fd)
-
-
 def hash_member(directory: str | os.PathLike, name: str, size: int, algorithm: str) -> str:
     """Checksum of file `name` (regular, inside the folder, exactly `size` bytes), never reading
     past `size`."""
@@ -253,34 +270,9 @@ def hash_member(directory: str | os.PathLike, name: str, size: int, algorithm: s
         os.close(fd)
 
 
-def _hash_mapped(fd: int, size: int, algorithm: str) -> str | None:
-    """Checksum through a read-only shared mapping (no copy); None where mapping is impossible."""
-    import mmap
-
-    try:
-        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    except (OSError, ValueError, AttributeError):
-        return None
-    with mapped:
-        if hasattr(mapped, "madvise"):
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
-        hasher = new_hasher(algorithm)
-        view = memoryview(mapped)
-        try:
-            for start in range(0, size, _HASH_CHUNK):
-                hasher.update(view[start : start + _HASH_CHUNK])
-        finally:
-            view.release()
-        return hasher.hexdigest()
-
-
 def _hash_fd(directory: Path, name: str, fd: int, size: int, algorithm: str) -> str:
-    # A mapping avoids copying the file; like torch.load(mmap=True), it assumes nobody truncates
-    # the file while it is read (that would end the process with SIGBUS, not corrupt a load).
-    if size >= 1 << 20:
-        digest = _hash_mapped(fd, size, algorithm)
-        if digest is not None:
-            return digest
+    # Read with pread into a small reused buffer (never a mapping: a file truncated meanwhile
+    # must raise an error, not end the process with SIGBUS).
     try:
         hasher = new_hasher(algorithm)
         buffer = bytearray(min(size, 8 << 20)) if size else bytearray()  # stays in the CPU cache

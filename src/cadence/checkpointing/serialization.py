@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import xla_runtime
+from .checksums import new_hasher
 from .errors import CheckpointCorruptError, UnsafeCheckpointError
+from .safe_io import buffer_view
 
 if TYPE_CHECKING:
     import torch
@@ -158,6 +160,56 @@ def write_torch(path: str | os.PathLike, obj: Any) -> None:
         torch.save(obj, os.fspath(path))
 
 
+class _HashingWriter:
+    """The file object torch.save writes to: each chunk goes to the file and into the hasher,
+    so the file's checksum is computed from the bytes written, in the same pass."""
+
+    def __init__(self, fd: int, hasher: Any) -> None:
+        self._fd = fd
+        self._hasher = hasher
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._hasher.update(view)
+        done = 0
+        while done < len(view):
+            done += os.write(self._fd, view[done : done + (64 << 20)])
+        self.size += len(view)
+        return len(view)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        # torch's zip writer only skips forward over padding: write the zeros (they are hashed)
+        target = offset if whence == io.SEEK_SET else self.size + offset
+        if target < self.size:
+            raise io.UnsupportedOperation("the checkpoint writer only moves forward")
+        if target > self.size:
+            self.write(bytes(target - self.size))
+        return self.size
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+
+def write_torch_hashed(path: str | os.PathLike, obj: Any, algorithm: str) -> tuple[int, str]:
+    """torch.save `obj` to `path` (torch's CRC off, as write_torch) and return (size, checksum of
+    `algorithm`) of the bytes written, hashed while they are written. Not fsynced."""
+    import torch
+
+    hasher = new_hasher(algorithm)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        out = _HashingWriter(fd, hasher)
+        with _torch_save_without_crc():
+            torch.save(obj, out)
+    finally:
+        os.close(fd)
+    return out.size, hasher.hexdigest()
+
+
 def _numpy_safe_globals() -> list:
     try:
         import numpy as np
@@ -205,9 +257,24 @@ def read_torch(
             if "PytorchStreamReader" in str(e) or "zip archive" in str(e):
                 raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
             raise
+    return _read_with(
+        lambda f, m, weights_only: torch.load(
+            f, map_location=m, weights_only=True, **torch_load_kwargs
+        ),
+        f,
+        map_location,
+        source,
+    )
+
+
+def _read_with(load, f: Any, map_location: Any, source: str) -> Any:
+    """load(f, map_location, weights_only=True) with numpy's data types allowed, every failure
+    turned into a CheckpointCorruptError, and a refused Python object into UnsafeCheckpointError."""
+    import torch
+
     try:
         with torch.serialization.safe_globals(_numpy_safe_globals()):
-            return torch.load(f, map_location=map_location, weights_only=True, **torch_load_kwargs)
+            return load(f, map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "Weights only load failed" not in str(e):
             raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
@@ -222,13 +289,101 @@ def read_torch(
         ) from e
     except (EOFError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
         raise CheckpointCorruptError(f"Cannot read {source}: {type(e).__name__}: {e}") from e
-    except RuntimeError as e:
-        if "PytorchStreamReader" in str(e) or "zip archive" in str(e) or not allow_pickle:
-            # weights_only=True: any failure is a malformed file, not a bug to surface as is
-            raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
-        raise
-    except ValueError as e:
+    except (RuntimeError, ValueError) as e:
+        # weights_only=True: any failure is a malformed file, not a bug to surface as is
         raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
+
+
+class BufferFile(io.RawIOBase):
+    """A read-only, seekable file over a memoryview, without copying it (io.BytesIO would)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view.cast("B") if view.format != "B" else view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b) -> int:
+        chunk = self._view[self._pos : self._pos + len(b)]
+        n = len(chunk)
+        memoryview(b).cast("B")[:n] = chunk
+        self._pos += n
+        return n
+
+
+def _zero_copy_loader():
+    """torch's internal loader that takes the storage tensors are cut from (what mmap=True uses);
+    None when this torch has no such parameter (then records are copied out of the buffer)."""
+    import inspect
+
+    import torch
+
+    load = getattr(torch.serialization, "_load", None)
+    try:
+        if load is not None and "overall_storage" in inspect.signature(load).parameters:
+            return load
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def read_torch_buffer(
+    buffer: torch.Tensor,
+    map_location: Any = None,
+    *,
+    source: str,
+    allow_pickle: bool = False,
+    **torch_load_kwargs: Any,
+) -> Any:
+    """What torch.save wrote, deserialized from `buffer` (a uint8 tensor holding the whole, already
+    verified file) with weights_only=True unless `allow_pickle`.
+
+    The tensors of a weights-only load are views of `buffer` (no copy, nothing maps the file), the
+    way torch.load(mmap=True) cuts them out of a mapping; other loads copy them out of it.
+    """
+    import torch
+
+    def as_file() -> BufferFile:
+        return BufferFile(buffer_view(buffer))
+
+    loader = _zero_copy_loader()
+    plain_cpu = map_location in (None, "cpu") or map_location == torch.device("cpu")
+    if allow_pickle or torch_load_kwargs or loader is None or not plain_cpu:
+        return read_torch(
+            as_file(), map_location, allow_pickle=allow_pickle, source=source, **torch_load_kwargs
+        )
+    try:
+        reader = torch._C.PyTorchFileReader(as_file())
+    except RuntimeError as e:
+        raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
+
+    def weights_only_load(f, map_location, weights_only, **_):
+        try:
+            return loader(
+                reader,
+                map_location,
+                torch._weights_only_unpickler,
+                overall_storage=buffer.untyped_storage(),
+                encoding="utf-8",
+            )
+        except pickle.UnpicklingError as e:
+            # the wording read_torch recognises (and torch.load uses) for a refused global
+            raise pickle.UnpicklingError(f"Weights only load failed. {e}") from None
+
+    return _read_with(weights_only_load, as_file(), map_location, source)
 
 
 def _unsafe_globals(f) -> list[str]:

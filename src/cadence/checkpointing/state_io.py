@@ -104,6 +104,11 @@ def read_training_state(
         def obj(name: str) -> Any:
             return reader.load_object(name, map_location="cpu", allow_pickle=allow_pickle)
 
+        wanted = [] if targets.sharded else [model_file(i, True) for i in targets.models]
+        wanted += (
+            [] if targets.sharded else [optimizer_file(i) for i in range(len(targets.optimizers))]
+        )
+        reader.prefetch(wanted)  # the large files are read and verified in parallel
         if not targets.sharded:
             for i in targets.models:
                 if reader.has(model_file(i, True)):

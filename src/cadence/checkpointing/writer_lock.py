@@ -1,0 +1,156 @@
+"""One writer per project directory: a lock file that a second live job saving into the same
+`project_dir` (automatic checkpoint naming) finds taken, so it is refused before it touches anything.
+
+The lock is `<project_dir>/.cadence-writer.lock`, held with flock(2) for as long as the process
+lives: the kernel releases it when the holder dies, however it dies, so a lock left by a dead job is
+simply taken over (its file is rewritten). The file says who holds it (host, pid, start time, the
+launcher's job id and the command line), which is what the refusal names. flock works between
+processes of one machine, and on network filesystems that support it (NFSv4, Lustre, GPFS with
+flock enabled) between machines too.
+
+    lock = acquire_writer_lock(project_dir)   # WriterLockedError when another live job holds it
+
+CADENCE_PROJECT_DIR_LOCK=0 in the environment (of every process) turns the check off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..settings import env_bool, env_text
+from .errors import CheckpointError
+
+LOCK_NAME = ".cadence-writer.lock"
+
+# Job identifiers set by common launchers and schedulers, in order of preference.
+_JOB_VARIABLES = (
+    "SLURM_JOB_ID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "KUBERNETES_POD_NAME",
+)
+
+_held: dict[str, tuple[int, int]] = {}  # real lock path -> (pid, fd) held by this process
+_held_lock = threading.Lock()
+
+
+class WriterLockedError(CheckpointError):
+    """Another live job is saving checkpoints into the same project directory."""
+
+
+def _holder_info() -> dict[str, Any]:
+    job = {name: env_text(name) for name in _JOB_VARIABLES if env_text(name)}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "job": job,
+        "command": " ".join(sys.argv)[:500],
+    }
+
+
+def describe_holder(info: Any) -> str:
+    """A one-line description of the job recorded in a lock file."""
+    if not isinstance(info, dict):
+        return "an unknown job (its lock file is unreadable)"
+    job = info.get("job") or {}
+    parts = [f"pid {info.get('pid')} on host {info.get('host')}"]
+    if job:
+        parts.append(", ".join(f"{k}={v}" for k, v in job.items()))
+    if info.get("started"):
+        parts.append(f"started {info['started']}")
+    if info.get("command"):
+        parts.append(f"command: {info['command']}")
+    return "; ".join(parts)
+
+
+def read_holder(project_dir: str | os.PathLike) -> Any:
+    """What the lock file of `project_dir` says about its holder (None when absent or unreadable)."""
+    try:
+        return json.loads((Path(project_dir) / LOCK_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def acquire_writer_lock(project_dir: str | os.PathLike) -> Path:
+    """Take (or keep, when this process holds it already) the writer lock of `project_dir`.
+
+    Raises WriterLockedError naming the other job when a live process holds it; creates nothing
+    then. A lock whose holder died is taken over. Returns the lock file's path.
+    """
+    import fcntl  # POSIX only, like the rest of checkpoint saving
+
+    project_dir = Path(project_dir)
+    project_dir.mkdir(parents=True, exist_ok=True)
+    path = project_dir / LOCK_NAME
+    key = os.path.realpath(path)
+    with _held_lock:
+        held = _held.get(key)
+        if held is not None and held[0] == os.getpid():
+            return path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_holder(project_dir)
+            raise WriterLockedError(
+                f"Another job is saving checkpoints into {project_dir} right now: "
+                f"{describe_holder(holder)}. Two jobs writing automatically named checkpoints "
+                "into one project_dir overwrite each other's checkpoints; give this job its own "
+                f"project_dir, or stop the other job first (its lock, {path}, is released when "
+                "it ends).",
+                path=project_dir,
+            ) from None
+        except OSError as e:
+            os.close(fd)
+            raise CheckpointError(
+                f"Cannot lock {path} ({e.strerror}): the filesystem of {project_dir} does not "
+                "support file locks (flock), so Cadence cannot make sure no other job saves "
+                "there too.",
+                path=project_dir,
+            ) from None
+        data = (json.dumps(_holder_info(), indent=1) + "\n").encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        _held[key] = (os.getpid(), fd)
+    return path
+
+
+def release_writer_lock(project_dir: str | os.PathLike) -> None:
+    """Give up this process's writer lock of `project_dir` (no-op when it holds none)."""
+    key = os.path.realpath(Path(project_dir) / LOCK_NAME)
+    with _held_lock:
+        held = _held.pop(key, None)
+        if held is not None and held[0] == os.getpid():
+            os.close(held[1])  # closing the only descriptor releases the flock
+
+
+def claim_project_dir(
+    project_dir: str | os.PathLike, *, is_main: bool, rank: int, agree: Any
+) -> None:
+    """Before a job's first automatically named save: the main process takes the writer lock of
+    `project_dir`, and every rank learns the outcome through `agree` (a collective that returns
+    every rank's list item, such as gather_object), so a refusal is raised on every rank, naming it,
+    before any of them touches the folder."""
+    if not env_bool("CADENCE_PROJECT_DIR_LOCK", default=True):
+        return  # switched off: the reference's behaviour (see docs/differences.md)
+    message = None
+    if is_main:
+        try:
+            acquire_writer_lock(project_dir)
+        except CheckpointError as e:
+            message = str(e)
+    outcomes = agree([message])
+    refused = next((m for m in outcomes if m), None)
+    if refused is not None:
+        raise WriterLockedError(f"save_state refused on rank {rank}: {refused}", path=project_dir)
