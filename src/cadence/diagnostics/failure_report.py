@@ -26,6 +26,8 @@ class WorkerFailure:
     exitcode: int
     pid: int | None
     error_data: dict[str, Any] | None  # the worker's JSON error file, when it wrote one
+    # Set when the launcher itself SIGKILLed the worker: why ("after a failure", ...) and the grace.
+    killed_by_launcher: str | None = None
 
     @property
     def exception(self) -> str | None:
@@ -70,7 +72,15 @@ class WorkerFailure:
                 name = signal.Signals(-self.exitcode).name
             except ValueError:
                 name = f"signal {-self.exitcode}"
-            hint = " (out of memory?)" if name == "SIGKILL" else ""
+            if self.killed_by_launcher:
+                return f"SIGKILLed by the launcher {self.killed_by_launcher}"
+            # Nothing in this job sent it: the kernel's OOM killer is the usual sender.
+            hint = (
+                " (out of memory? the kernel's OOM killer logs each kill: `dmesg | grep -i oom` "
+                "or `journalctl -k | grep -i oom`)"
+                if name == "SIGKILL"
+                else ""
+            )
             return f"killed by {name}{hint}"
         return f"exit code {self.exitcode}"
 
@@ -141,8 +151,10 @@ def format_failure_summary(
     return "\n".join(lines)
 
 
-def failures_from_elastic(error: Any) -> list[WorkerFailure]:
-    """Convert torch elastic's ChildFailedError into WorkerFailure records."""
+def failures_from_elastic(error: Any, killed: dict[int, Any] | None = None) -> list[WorkerFailure]:
+    """Convert torch elastic's ChildFailedError into WorkerFailure records; `killed` maps the pids
+    the launcher SIGKILLed itself to why (see commands/elastic_agent.LauncherKill)."""
+    killed = killed or {}
     result = []
     for rank, failure in sorted(error.failures.items()):
         data = failure.error_file_data if isinstance(failure.error_file_data, dict) else None
@@ -155,9 +167,16 @@ def failures_from_elastic(error: Any) -> list[WorkerFailure]:
                 exitcode=int(failure.exitcode),
                 pid=failure.pid,
                 error_data=data or None,
+                killed_by_launcher=_launcher_kill(killed.get(failure.pid)),
             )
         )
     return result
+
+
+def _launcher_kill(kill: Any) -> str | None:
+    if kill is None:
+        return None
+    return f"{kill.why}: it did not end within {kill.grace:g} s of being told to stop"
 
 
 def failures_from_error_files(log_dir: str) -> list[WorkerFailure]:

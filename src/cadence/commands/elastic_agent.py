@@ -1,0 +1,166 @@
+"""torch elastic's local agent, extended where `cadence launch` needs more than it does.
+
+`torch.distributed.run` builds a `LocalElasticAgent`; within `supervising_agent()` it builds this
+subclass instead (same constructor, same loop), which adds:
+
+- **stopping that reaches every worker**: each worker's process group gets the death signal, then
+  SIGCONT, so a frozen (SIGSTOPped) worker receives it now rather than never; one still alive after
+  the grace is SIGKILLed (with SIGCONT again) and remembered, so the summary can say the launcher
+  stopped it;
+- **the right grace for each stop**: after a failure a short one (`FAILURE_GRACE`: the job is over,
+  a stuck rank is not waited on for 30 s); for a stop notice, a membership change or workers that
+  stopped to resume, `CADENCE_STOP_GRACE` (default 30 s, torch's) so the step and its checkpoint
+  can finish;
+- **one line per restart** with the old and new world size;
+- the **restart generation** for the workers (`CADENCE_RESTART_GENERATION`: the rendezvous round).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
+from ..diagnostics.generation_env import GENERATION_ENV
+from ..diagnostics.stop_notice import RESUME_EXIT_CODE, stop_grace
+
+# Seconds a worker gets to end after the job failed, before SIGKILL (torch's default is 30).
+FAILURE_GRACE = 3.0
+
+
+@dataclass(frozen=True)
+class LauncherKill:
+    """A worker the launcher SIGKILLed because it did not end within the grace."""
+
+    local_rank: int
+    rank: int
+    grace: float
+    why: str  # "after a failure", "on a stop notice", ...
+
+
+class SupervisingAgent(LocalElasticAgent):
+    """`LocalElasticAgent` with the stopping, grace and restart reports described above."""
+
+    latest: SupervisingAgent | None = None  # the agent of this launcher (for the summary)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.notice_grace = stop_grace()
+        self.killed: dict[int, LauncherKill] = {}  # pid -> why the launcher killed it
+        self._why_stopping = "after a failure"
+        self._world_size: int | None = None
+        self.exit_codes: dict[int, int | None] = {}  # local rank -> exit code, at the last stop
+        SupervisingAgent.latest = self
+
+    # -- why the workers are being stopped -------------------------------------------------------
+    def _monitor_workers(self, worker_group: Any) -> Any:
+        result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.HEALTHY:
+            self._why_stopping = "for a membership change"  # the only stop of healthy workers
+        elif result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            codes = {failure.exitcode for failure in result.failures.values()}
+            resuming = codes == {RESUME_EXIT_CODE}
+            self._why_stopping = "to resume" if resuming else "after a failure"
+        return result
+
+    def _invoke_run(self, role: str = "default") -> Any:
+        try:
+            return super()._invoke_run(role)
+        except SignalException:
+            self._why_stopping = "on a stop notice"
+            raise
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        grace = FAILURE_GRACE if self._why_stopping == "after a failure" else self.notice_grace
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        if handlers:
+            self._stop_processes(handlers, death_sig, grace)
+        super()._shutdown(death_sig, timeout=0)  # nothing left alive: closes logs and servers
+
+    def _stop_processes(
+        self, handlers: dict[int, Any], death_sig: signal.Signals, grace: float
+    ) -> None:
+        procs = {rank: h.proc for rank, h in handlers.items()}
+        alive = {rank: proc for rank, proc in procs.items() if proc.poll() is None}
+        for proc in alive.values():
+            _signal_group(proc.pid, death_sig)
+            _signal_group(proc.pid, signal.SIGCONT)  # a frozen worker gets the signal now
+        deadline = time.monotonic() + grace
+        while alive and time.monotonic() < deadline:  # bounded by the grace
+            time.sleep(0.05)
+            alive = {rank: proc for rank, proc in alive.items() if proc.poll() is None}
+        group = self._worker_group
+        for local_rank, proc in alive.items():
+            worker = group.workers[local_rank] if local_rank < len(group.workers) else None
+            rank = worker.global_rank if worker is not None else local_rank
+            self.killed[proc.pid] = LauncherKill(local_rank, rank, grace, self._why_stopping)
+            _signal_group(proc.pid, signal.SIGKILL)
+            _signal_group(proc.pid, signal.SIGCONT)
+        for proc in alive.values():
+            try:
+                proc.wait(5)
+            except Exception:  # noqa: BLE001 - uninterruptible sleep: torch's close reports it
+                pass
+        self.exit_codes = {rank: proc.poll() for rank, proc in procs.items()}
+
+    @property
+    def stopped_to_resume(self) -> bool:
+        """Whether every worker ended with the resume code at the last stop."""
+        codes = set(self.exit_codes.values())
+        return bool(codes) and codes == {RESUME_EXIT_CODE}
+
+    # -- restarts ------------------------------------------------------------------------------
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        # Workers inherit the agent's environment: the generation travels that way.
+        os.environ[GENERATION_ENV] = str(self._generation())
+        return super()._start_workers(worker_group)
+
+    def _generation(self) -> int:
+        holder = getattr(self._rdzv_handler, "_state_holder", None)
+        round_ = getattr(getattr(holder, "state", None), "round", None)
+        if isinstance(round_, int):
+            return round_
+        return self._worker_group.spec.max_restarts - self._remaining_restarts
+
+    def _initialize_workers(self, worker_group: Any) -> None:
+        super()._initialize_workers(worker_group)
+        workers = worker_group.workers
+        size = workers[0].world_size if workers else None
+        if self._world_size is not None:
+            restart = worker_group.spec.max_restarts - self._remaining_restarts
+            print(
+                f"cadence launch: restart (generation {os.environ.get(GENERATION_ENV)}, "
+                f"{restart} of --max_restarts used): world size {self._world_size} -> {size}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._world_size = size
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # torch starts each worker in its own session (process group = pid)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextmanager
+def supervising_agent() -> Iterator[None]:
+    """Within this block, torch elastic's launcher builds a `SupervisingAgent`."""
+    import torch.distributed.launcher.api as launcher_api
+
+    original = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = SupervisingAgent  # the name launch_agent() builds
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = original
