@@ -39,12 +39,13 @@ FAILURE_GRACE = 3.0
 
 @dataclass(frozen=True)
 class LauncherKill:
-    """A worker the launcher SIGKILLed because it did not end within the grace."""
+    """A worker the launcher stopped: with which signal, why, and the grace it was given."""
 
     local_rank: int
     rank: int
     grace: float
-    why: str  # "after a failure", "on a stop notice", ...
+    why: str  # "after rank 0 failed", "on a stop notice", ...
+    signal_name: str  # the signal sent ("SIGKILL": it did not end within the grace)
 
 
 class SupervisingAgent(LocalElasticAgent):
@@ -55,7 +56,7 @@ class SupervisingAgent(LocalElasticAgent):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.notice_grace = stop_grace()
-        self.killed: dict[int, LauncherKill] = {}  # pid -> why the launcher killed it
+        self.stopped: dict[int, LauncherKill] = {}  # pid -> how and why the launcher stopped it
         self._why_stopping = "after a failure"
         self._world_size: int | None = None
         self.exit_codes: dict[int, int | None] = {}  # local rank -> exit code, at the last stop
@@ -80,29 +81,55 @@ class SupervisingAgent(LocalElasticAgent):
             raise
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        grace = FAILURE_GRACE if self._why_stopping == "after a failure" else self.notice_grace
         handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
         if handlers:
-            self._stop_processes(handlers, death_sig, grace)
+            self._stop_processes(handlers, death_sig)
         super()._shutdown(death_sig, timeout=0)  # nothing left alive: closes logs and servers
 
-    def _stop_processes(
-        self, handlers: dict[int, Any], death_sig: signal.Signals, grace: float
-    ) -> None:
+    def _hook_pcontext(self) -> None:
+        """torch's process context also stops the other workers itself when one fails (with a
+        30-s grace): route that through `_stop_processes` too."""
+        pcontext = self._pcontext
+        original = getattr(pcontext, "_close", None)
+        if original is None or not hasattr(pcontext, "subprocess_handlers"):
+            return
+
+        def close(death_sig: signal.Signals, timeout: int = 30) -> None:
+            self._stop_processes(pcontext.subprocess_handlers, death_sig)
+            original(death_sig=death_sig, timeout=0)
+
+        pcontext._close = close
+
+    def _grace(self, procs: dict[int, Any]) -> tuple[float, str]:
+        ended = {rank: proc.poll() for rank, proc in procs.items() if proc.poll() is not None}
+        failed = sorted(rank for rank, code in ended.items() if code not in (0, RESUME_EXIT_CODE))
+        if failed or self._why_stopping == "after a failure":
+            ranks = [self._global_rank(rank) for rank in failed]
+            return FAILURE_GRACE, f"after rank {ranks[0]} failed" if ranks else "after a failure"
+        return self.notice_grace, self._why_stopping
+
+    def _global_rank(self, local_rank: int) -> int:
+        workers = self._worker_group.workers
+        return workers[local_rank].global_rank if local_rank < len(workers) else local_rank
+
+    def _stop_processes(self, handlers: dict[int, Any], death_sig: signal.Signals) -> None:
         procs = {rank: h.proc for rank, h in handlers.items()}
+        grace, why = self._grace(procs)
         alive = {rank: proc for rank, proc in procs.items() if proc.poll() is None}
-        for proc in alive.values():
+        for local_rank, proc in alive.items():
+            self.stopped[proc.pid] = LauncherKill(
+                local_rank, self._global_rank(local_rank), grace, why, death_sig.name
+            )
             _signal_group(proc.pid, death_sig)
             _signal_group(proc.pid, signal.SIGCONT)  # a frozen worker gets the signal now
         deadline = time.monotonic() + grace
         while alive and time.monotonic() < deadline:  # bounded by the grace
             time.sleep(0.05)
             alive = {rank: proc for rank, proc in alive.items() if proc.poll() is None}
-        group = self._worker_group
         for local_rank, proc in alive.items():
-            worker = group.workers[local_rank] if local_rank < len(group.workers) else None
-            rank = worker.global_rank if worker is not None else local_rank
-            self.killed[proc.pid] = LauncherKill(local_rank, rank, grace, self._why_stopping)
+            self.stopped[proc.pid] = LauncherKill(
+                local_rank, self._global_rank(local_rank), grace, why, "SIGKILL"
+            )
             _signal_group(proc.pid, signal.SIGKILL)
             _signal_group(proc.pid, signal.SIGCONT)
         for proc in alive.values():
@@ -110,7 +137,8 @@ class SupervisingAgent(LocalElasticAgent):
                 proc.wait(5)
             except Exception:  # noqa: BLE001 - uninterruptible sleep: torch's close reports it
                 pass
-        self.exit_codes = {rank: proc.poll() for rank, proc in procs.items()}
+        if procs:
+            self.exit_codes = {rank: proc.poll() for rank, proc in procs.items()}
 
     @property
     def stopped_to_resume(self) -> bool:
@@ -122,7 +150,9 @@ class SupervisingAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         # Workers inherit the agent's environment: the generation travels that way.
         os.environ[GENERATION_ENV] = str(self._generation())
-        return super()._start_workers(worker_group)
+        started = super()._start_workers(worker_group)
+        self._hook_pcontext()
+        return started
 
     def _generation(self) -> int:
         holder = getattr(self._rdzv_handler, "_state_holder", None)

@@ -182,7 +182,7 @@ def _run_elastic_agent(plan: LaunchPlan) -> int:
                 elastic_launch(config=config, entrypoint=entrypoint)(*entry_args)
         except ChildFailedError as error:
             agent = SupervisingAgent.latest
-            failures = failures_from_elastic(error, agent.killed if agent else {})
+            failures = failures_from_elastic(error, agent.stopped if agent else {})
             base = failures[0].rank - failures[0].local_rank
             local_ranks = [base + i for i in range(plan.nproc_per_node)]
             _say(

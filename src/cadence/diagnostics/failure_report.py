@@ -73,7 +73,7 @@ class WorkerFailure:
             except ValueError:
                 name = f"signal {-self.exitcode}"
             if self.killed_by_launcher:
-                return f"SIGKILLed by the launcher {self.killed_by_launcher}"
+                return f"stopped by the launcher {self.killed_by_launcher}"
             # Nothing in this job sent it: the kernel's OOM killer is the usual sender.
             hint = (
                 " (out of memory? the kernel's OOM killer logs each kill: `dmesg | grep -i oom` "
@@ -134,6 +134,8 @@ def format_failure_summary(
         other = failed.get(rank)
         if other is None:
             label = because
+        elif other.killed_by_launcher:
+            label = _stopped_label(cause, other)
         elif other.is_knock_on:
             label = f"{because} (lost the connection to it)"
         else:
@@ -173,10 +175,22 @@ def failures_from_elastic(error: Any, killed: dict[int, Any] | None = None) -> l
     return result
 
 
-def _launcher_kill(kill: Any) -> str | None:
-    if kill is None:
+def _stopped_label(cause: WorkerFailure, other: WorkerFailure) -> str:
+    """What happened to a rank the launcher stopped itself (not a failure of its own)."""
+    if (cause.exception or "").startswith("CollectiveStuck"):
+        return (
+            f"stopped by the launcher after the stuck timeout (rank {cause.rank}'s report above "
+            "says where it was and for how long)"
+        )
+    return other.describe_exit()
+
+
+def _launcher_kill(stop: Any) -> str | None:
+    if stop is None:
         return None
-    return f"{kill.why}: it did not end within {kill.grace:g} s of being told to stop"
+    if stop.signal_name == "SIGKILL":
+        return f"{stop.why}: it did not end within {stop.grace:g} s of being told to stop"
+    return f"{stop.why} ({stop.signal_name})"
 
 
 def failures_from_error_files(log_dir: str) -> list[WorkerFailure]:
