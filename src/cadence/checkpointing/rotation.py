@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .atomic import cleanup_stale_siblings, new_token
 from .fs import fsync_dir, remove_later, remove_tree
+from .generation import fence
 from .manifest import VerifyMode, is_complete
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ def prune_checkpoints(
         raise ValueError(
             f"total_limit must be a positive int (how many checkpoints to keep), got {total_limit!r}"
         )
+    fence(directory, "delete")  # a superseded worker exits here
     entries = list_checkpoints(directory)
     complete = [e for e in entries if e.complete]
     if not complete:
