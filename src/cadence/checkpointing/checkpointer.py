@@ -29,6 +29,7 @@ from .async_writer import (
 from .atomic import begin_checkpoint, new_token
 from .errors import CheckpointError
 from .fs import wait_for_removals
+from .generation import fence
 from .layout import (
     custom_state_file,
     model_file,
@@ -146,6 +147,9 @@ class Checkpointer:
                     "Accelerator or ProjectConfiguration."
                 )
             final = checkpoints_dir(config.project_dir) / f"checkpoint_{config.iteration}"
+            fence(
+                final.parent, "write"
+            )  # a superseded worker exits here (checkpointing/generation)
             if final.exists():
                 raise ValueError(
                     f"Checkpoint directory {final} ({config.iteration}) already exists. Resume with "

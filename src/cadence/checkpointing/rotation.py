@@ -155,6 +155,7 @@ def prune_checkpoints(
 
 def cleanup_checkpoints_dir(directory: str | os.PathLike) -> list[Path]:
     """Remove leftovers of killed saves and deletions (hidden `.checkpoint_<i>.tmp-*` folders)."""
+    fence(directory, "delete")  # a newer generation's folders in progress look like leftovers
     return cleanup_stale_siblings(directory)
 
 
