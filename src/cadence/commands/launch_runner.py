@@ -170,11 +170,8 @@ def _run_elastic_agent(plan: LaunchPlan) -> int:
         args = ["--log_dir", scratch.name, *args]
     notice = stop_signal()  # a bad CADENCE_STOP_SIGNAL is refused before anything starts
     handled = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-    args = [
-        "--signals_to_handle",
-        ",".join(dict.fromkeys([*handled.split(","), notice.name])),
-        *args,
-    ]
+    names = [*handled.split(","), *([notice.name] if notice is not None else [])]
+    args = ["--signals_to_handle", ",".join(dict.fromkeys(names)), *args]
     try:
         config, entrypoint, entry_args = torchrun.config_from_args(torchrun.parse_args(args))
         try:

@@ -37,10 +37,13 @@ DEFAULT_STOP_GRACE = 30.0  # seconds; torch elastic's own SIGTERM -> SIGKILL win
 PROPOSAL_WAIT = 60.0
 
 
-def stop_signal() -> signal.Signals:
-    """The notice signal: `CADENCE_STOP_SIGNAL` (a name such as SIGUSR1, or a number), else SIGTERM."""
+def stop_signal() -> signal.Signals | None:
+    """The notice signal: `CADENCE_STOP_SIGNAL` (a name such as SIGUSR1, or a number), else SIGTERM;
+    None for `off` (the reference's behaviour: the signal ends the worker at once)."""
     found = resolve("stop_signal", default="SIGTERM")
     text = str(found.value).strip().upper()
+    if text in ("OFF", "NONE", "0"):
+        return None
     try:
         if text.isdigit():
             return signal.Signals(int(text))
@@ -105,6 +108,8 @@ class StopNotice:
         if threading.current_thread() is not threading.main_thread():
             return None
         number = stop_signal()
+        if number is None:
+            return None
         if self.signal_number != number:
             self._previous_handler = signal.signal(number, self._on_signal)
             self.signal_number = number
