@@ -56,4 +56,6 @@ def arm_stop_on_notice(
     # Without a watchdog (one process, or CADENCE_LEDGER=0) there is no channel to agree through:
     # the noticed process stops alone at its next boundary.
     solo = num_processes == 1 or active_watchdog() is None
-    return notice.install(checkpoint_and_stop, solo=solo) is not None
+    owner = getattr(save_state, "_owner", None)  # a weakly() callback: its Accelerator may go
+    alive = (lambda: owner() is not None) if owner is not None else (lambda: True)
+    return notice.install(checkpoint_and_stop, solo=solo, alive=alive) is not None

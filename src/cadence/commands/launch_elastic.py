@@ -159,9 +159,10 @@ def torchrun_args(plan: Any, rdzv_conf: dict[str, str]) -> list[str]:
         args += ["--master_port", str(port)]
     else:
         args += ["--rdzv_endpoint", f"{ip}:{port}", "--rdzv_id", "none"]
-        # Several local "nodes" on one machine: every launcher would claim the store by routing;
-        # leaving is_host unset lets torch host it in the first launcher and connect the others.
-        if plan.num_machines > 1 and "is_host" not in conf and not is_loopback(ip):
+        # Several local elastic "nodes" on one machine: every launcher would claim the store by
+        # routing; leaving is_host unset lets torch host it in the first launcher only.
+        local_nodes = plan.min_nodes != plan.num_machines and is_loopback(ip)
+        if plan.num_machines > 1 and "is_host" not in conf and not local_nodes:
             local = hardware.local_address_towards(ip, port)
             # Decide who hosts the rendezvous store by routing, not by hostname (which may resolve to
             # 127.0.0.1 on every machine inside containers or network namespaces).

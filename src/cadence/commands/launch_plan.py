@@ -37,7 +37,6 @@ from .launch_args import (
 from .launch_elastic import (
     apply_node_range,
     apply_rdzv_endpoint,
-    is_loopback,
     torchrun_args,
 )
 from .launch_settings import (
@@ -360,11 +359,6 @@ class _Planner:
             )
         if one_machine:
             self.rendezvous_on_loopback()
-        elif is_loopback(self.value("main_process_ip")) and self.value("rdzv_backend") == "static":
-            self.errors.append(
-                "several nodes on 127.0.0.1 (local nodes) need --rdzv_backend c10d: each launcher "
-                "is one node of the job"
-            )
         if not self.value("main_process_ip"):
             if not one_machine:
                 self.errors.append(

@@ -118,7 +118,7 @@ def _store_host(plan: LaunchPlan) -> str | None:
         return plan.value("main_process_ip")
     if backend == "c10d" and _rdzv_conf(plan).get("is_host") in ("1", "true", "True"):
         return plan.value("main_process_ip")
-    if backend == "c10d" and is_loopback(plan.value("main_process_ip")):
+    if backend == "c10d" and plan.elastic and is_loopback(plan.value("main_process_ip")):
         return "127.0.0.1"  # local nodes: the first launcher hosts it, the others connect
     return None
 
@@ -140,7 +140,7 @@ def _run_elastic(plan: LaunchPlan) -> int:
     from ..rendezvous_store import store_bound_to  # deferred: imports torch.distributed
 
     port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
-    local_nodes = is_loopback(host) and other_machines
+    local_nodes = plan.elastic and is_loopback(host)  # several local elastic "nodes"
     with store_bound_to(host, port, other_machines and not local_nodes) as (store, why_not):
         # A second local node finds the port taken by the first: it connects as a client.
         if store is None and not plan.value("quiet") and not local_nodes:

@@ -82,6 +82,7 @@ class StopNotice:
         self.target_known = threading.Event()
         self.action: Callable[[], None] | None = None
         self.signal_number: int | None = None
+        self.alive: Callable[[], bool] = lambda: True
         self.solo = True  # no side channel: this process decides alone
         self._previous_handler: Any = None
 
@@ -102,9 +103,12 @@ class StopNotice:
             self._stop()
 
     # -- the notice ----------------------------------------------------------------------------
-    def install(self, action: Callable[[], None], solo: bool) -> signal.Signals | None:
-        """Run `action` at the agreed boundary after the notice signal (main thread only)."""
-        self.action, self.solo = action, solo
+    def install(
+        self, action: Callable[[], None], solo: bool, alive: Callable[[], bool] = lambda: True
+    ) -> signal.Signals | None:
+        """Run `action` at the agreed boundary after the notice signal (main thread only); once
+        `alive()` is false (its Accelerator is gone) the signal acts as it did before."""
+        self.action, self.solo, self.alive = action, solo, alive
         if threading.current_thread() is not threading.main_thread():
             return None
         number = stop_signal()
@@ -121,7 +125,15 @@ class StopNotice:
             signal.signal(self.signal_number, self._previous_handler or signal.SIG_DFL)
         self.signal_number, self.action = None, None
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if not self.alive():  # nothing left to checkpoint: the signal does what it did before
+            previous = self._previous_handler
+            self.uninstall()
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                os.kill(os.getpid(), signum)
+            return
         if self.noticed:
             return
         self.noticed = self.announce = True
