@@ -182,7 +182,10 @@ def _stopped_label(cause: WorkerFailure, other: WorkerFailure) -> str:
             f"stopped by the launcher after the stuck timeout (rank {cause.rank}'s report above "
             "says where it was and for how long)"
         )
-    return other.describe_exit()
+    because = f"stopped because rank {cause.rank} failed"
+    if other.exitcode == -9:
+        return f"{because} ({other.describe_exit()})"
+    return because
 
 
 def _launcher_kill(stop: Any) -> str | None:
