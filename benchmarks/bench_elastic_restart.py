@@ -138,7 +138,10 @@ def kill_tree(process: subprocess.Popen) -> None:
 def one_run(setup: str, event: str, workdir: Path) -> dict[str, float | None]:
     project, script, port = workdir / "project", workdir / "worker.py", free_port()
     script.write_text(WORKER)
+    # The shared-store switch for plain torchrun too: without it, when the node whose agent hosts
+    # the workers' store (rank 0's) dies, the survivors' new round waits on that dead store.
     env = {**os.environ, "MODE": "cadence" if setup == "cadence launch" else "plain",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "CADENCE_JOB_TOKEN": "0f1e2d3c4b5a69788796a5b4c3d2e1f0", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
     out = open(workdir / "out.txt", "w")  # noqa: SIM115
     start = lambda: subprocess.Popen(command(setup, port, script, project), env=env,  # noqa: E731
