@@ -57,6 +57,7 @@ def test_stop_notice_to_one_node_checkpoints_and_the_other_goes_on_alone(tmp_pat
     out_b = (tmp_path / "b.out").read_text()
     assert "world size 2 -> 1" in out_a, out_a
     assert "resumed at epoch" in out_a and "finished" in out_a, out_a
+    assert "Cadence: resumed from " in out_a and "checkpoint_0 at world size 1" in out_a, out_a
     assert "committed a checkpoint" in out_b, out_b
     worlds = [r["world"] for r in steps(tmp_path)]
     assert 2 in worlds and worlds[-1] == 1  # trained together, then alone

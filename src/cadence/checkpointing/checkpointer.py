@@ -18,6 +18,7 @@ from typing import Any
 
 from ..collectives import gather_object
 from ..dataclasses import ProjectConfiguration
+from ..diagnostics.stop_notice import say_resumed
 from ..prepared import PreparedObjects
 from ..strategies import Strategy
 from .async_writer import (
@@ -376,6 +377,8 @@ class Checkpointer:
             )
         if automatic:
             self.project_config.iteration = next_iteration(path.parent)
+        if self.is_main_process:
+            say_resumed(path, self.num_processes)  # after an elastic restart: which checkpoint
 
     # -- registered objects, single objects, whole models ---------------------------------------------
     def register(self, objects: tuple[Any, ...]) -> None:

@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..settings import resolve
+from ..settings import env_text, resolve
+from .generation_env import GENERATION_ENV
 
 # "Stopped on notice after committing a checkpoint: start me again to resume" (EX_TEMPFAIL).
 RESUME_EXIT_CODE = 75
@@ -179,6 +180,15 @@ def _exit(code: int) -> None:
 
 
 notice = StopNotice()
+
+
+def say_resumed(path: Any, world_size: int) -> None:
+    """After a restart of an elastic launch, say once which checkpoint the job resumed from."""
+    generation = env_text(GENERATION_ENV) or "0"
+    if generation.isdigit() and int(generation) > 0:
+        _say(
+            f"Cadence: resumed from {path} at world size {world_size} (restart generation {generation})"
+        )
 
 
 def watchdog_tick(channel: Any, rank: int, world_size: int) -> None:
