@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from .collectives import send_to_device
+from .diagnostics.stop_notice import notice as stop_notice
 from .state import AcceleratorState, GradientState
 
 
@@ -122,6 +123,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         factor = self.gradient_state.window_factor
         if factor != 1.0:  # a dataloader's last, shorter window (see GradientState.window_factor)
             self._scale_gradients(factor)
+        stop_notice.step_completed()  # a step boundary for the graceful stop (diagnostics/stop_notice)
         try:
             if self.scaler is None:
                 return (

@@ -63,6 +63,10 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "fp8_backend": (None, ("CADENCE_FP8_BACKEND", "ACCELERATE_FP8_BACKEND")),
     "log_level": (None, ("CADENCE_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")),
     "stuck_timeout": ("stuck_timeout", ("CADENCE_STUCK_TIMEOUT",)),
+    # The stop notice (a scheduler's pre-kill signal) and how long the launcher waits for the
+    # checkpoint it triggers; see diagnostics/stop_notice.py and commands/elastic_agent.py.
+    "stop_signal": ("stop_signal", ("CADENCE_STOP_SIGNAL",)),
+    "stop_grace": ("stop_grace", ("CADENCE_STOP_GRACE",)),
     "process_group_timeout": ("process_group_timeout", ()),
     # XLA (torch_xla): CADENCE_USE_XLA=1 asks for it, 0 refuses it; the reference's USE_TORCH_XLA=0
     # refuses it too. PJRT_DEVICE (torch_xla's runtime) or a TPU VM's TPU_ACCELERATOR_TYPE wants it.

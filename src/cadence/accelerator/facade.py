@@ -33,6 +33,7 @@ from ..tracking import TrackerHub
 from .accumulation import GradientAccumulation
 from .preparation import Preparer
 from .settings import AcceleratorSettings, fp8_recipe_handler
+from .stop_on_notice import arm_stop_on_notice
 from .weak_callback import weakly as _weakly
 
 _SPLIT_BATCHES_UNSET = object()
@@ -187,6 +188,8 @@ class Accelerator:
             set_step=functools.partial(setattr, self._accumulation, "step"),
             state_dict=_weakly(self, "get_state_dict"),
         )
+        arm_stop_on_notice(_weakly(self, "save_state"), self._checkpointer.wait_for_async_save,
+                           settings.project_config, self.process_index, self.num_processes)  # fmt: skip
 
     # -- the state, as attributes -----------------------------------------------------------------
     device = property(lambda self: self.state.device, doc="This process's device.")

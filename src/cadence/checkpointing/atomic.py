@@ -40,6 +40,7 @@ from .fs import (
     remove_tree,
     write_file_durably,
 )
+from .generation import fence
 from .manifest import (
     MANIFEST_NAME,
     FileRecord,
@@ -317,6 +318,7 @@ class CheckpointWriter:
             )
             if self.durable:
                 fsync_dir(self.tmp_dir)
+            fence(self.final_dir.parent, "commit")  # a superseded worker exits here
             old = _publish(self.tmp_dir, self.final_dir, self.token)
             if self.durable:
                 fsync_dir(self.final_dir.parent)

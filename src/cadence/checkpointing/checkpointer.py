@@ -18,6 +18,7 @@ from typing import Any
 
 from ..collectives import gather_object
 from ..dataclasses import ProjectConfiguration
+from ..diagnostics.stop_notice import say_resumed
 from ..prepared import PreparedObjects
 from ..strategies import Strategy
 from .async_writer import (
@@ -29,6 +30,7 @@ from .async_writer import (
 from .atomic import begin_checkpoint, new_token
 from .errors import CheckpointError, CheckpointMismatchError, NoCheckpointError
 from .fs import wait_for_removals
+from .generation import fence
 from .layout import (
     custom_state_file,
     model_file,
@@ -165,6 +167,9 @@ class Checkpointer:
                     "Accelerator or ProjectConfiguration."
                 )
             final = checkpoints_dir(config.project_dir) / f"checkpoint_{config.iteration}"
+            fence(
+                final.parent, "write"
+            )  # a superseded worker exits here (checkpointing/generation)
             if final.exists():
                 raise ValueError(
                     f"Checkpoint directory {final} ({config.iteration}) already exists. Resume with "
@@ -417,6 +422,8 @@ class Checkpointer:
             )
         if automatic:
             self.project_config.iteration = next_iteration(path.parent)
+        if self.is_main_process:
+            say_resumed(path, self.num_processes)  # after an elastic restart: which checkpoint
 
     # -- registered objects, single objects, whole models ---------------------------------------------
     def register(self, objects: tuple[Any, ...]) -> None:

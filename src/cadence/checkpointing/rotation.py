@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .atomic import cleanup_stale_siblings, new_token
 from .fs import fsync_dir, remove_later, remove_tree
+from .generation import fence
 from .manifest import VerifyMode, is_complete
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ def prune_checkpoints(
         raise ValueError(
             f"total_limit must be a positive int (how many checkpoints to keep), got {total_limit!r}"
         )
+    fence(directory, "delete")  # a superseded worker exits here
     entries = list_checkpoints(directory)
     complete = [e for e in entries if e.complete]
     if not complete:
@@ -176,6 +178,7 @@ def prune_checkpoints(
 
 def cleanup_checkpoints_dir(directory: str | os.PathLike) -> list[Path]:
     """Remove leftovers of killed saves and deletions (hidden `.checkpoint_<i>.tmp-*` folders)."""
+    fence(directory, "delete")  # a newer generation's folders in progress look like leftovers
     return cleanup_stale_siblings(directory)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from .launch_args import UNSUPPORTED_FLAG_PREFIXES, build_launch_parser
 
 _known_options: list[str] = []
+# Option string -> whether it takes a value (so a valid flag's value is never taken for a flag).
+_takes_value: dict[str, bool] = {}
 
 
 def register(subparsers: Any) -> None:
@@ -25,6 +27,10 @@ def register(subparsers: Any) -> None:
 
     parser, options = build_launch_parser(make_parser)
     _known_options[:] = options
+    _takes_value.clear()
+    for action in parser._actions:
+        for option in action.option_strings:
+            _takes_value[option] = action.nargs != 0
     parser.set_defaults(func=_cli_launch_command, accepts_unknown=True)
 
 
@@ -45,8 +51,12 @@ def unknown_flags_message(unknown: list[str], known: list[str]) -> str:
         if reason:
             lines.append(f"{flag}: {reason}")
             continue
-        guess = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-        lines.append(f"{flag}: unknown flag" + (f" (did you mean {guess[0]}?)" if guess else ""))
+        # Compare the names without their dashes: "--" alone would make any two flags look alike.
+        names = {option.lstrip("-").replace("-", "_"): option for option in known}
+        names = {name: option for name, option in names.items() if option.startswith("--")}
+        guess = difflib.get_close_matches(normalised[2:], list(names), n=1, cutoff=0.6)
+        hint = f" (did you mean --{guess[0]}?)" if guess else " (see `cadence launch --help`)"
+        lines.append(f"{flag}: unknown flag{hint}")
     return (
         "cadence launch cannot start:\n  - "
         + "\n  - ".join(lines)
@@ -55,15 +65,27 @@ def unknown_flags_message(unknown: list[str], known: list[str]) -> str:
 
 
 def _flags_before_script(args: argparse.Namespace) -> list[str]:
-    """Flags argparse took as the script or its arguments because an unknown flag swallowed a value."""
+    """Unknown flags argparse took as the script or its arguments because an unknown flag swallowed
+    a value (`--bogus 3 --num_processes 1 s.py`: "3" became the script). Valid flags there, and
+    their values, are skipped: only the unknown ones are reported."""
     if getattr(args, "module", False):
         return []
-    found = []
-    for token in [args.training_script, *(args.training_script_args or [])]:
+    tokens = [args.training_script, *(args.training_script_args or [])]
+    found: list[str] = []
+    index = 0
+    while index < len(tokens):  # bounded: every pass moves on by one or two tokens
+        token = tokens[index]
+        index += 1
         if Path(token).is_file():
             break
-        if token.startswith("-"):
-            found.append(token)
+        if not token.startswith("-"):
+            continue
+        flag, has_inline_value = token.split("=", 1)[0], "=" in token
+        if flag in _takes_value:
+            if _takes_value[flag] and not has_inline_value:
+                index += 1  # its value
+            continue
+        found.append(token)
     return found
 
 

@@ -151,6 +151,11 @@ def build_launch_parser(
     add(resources, "--num_processes", type=int,
         help="Total number of processes across all machines (default: GPUs here, else 1).")  # fmt: skip
     add(resources, "--num_machines", type=int, help="Number of machines (default: 1).")
+    add(resources, "--nnodes", metavar="N|MIN:MAX",
+        help="torchrun's node count: N, or MIN:MAX for an elastic job that goes on when nodes leave "
+        "or join (c10d rendezvous; see --max_restarts).")  # fmt: skip
+    add(resources, "--nproc_per_node", type=int,
+        help="torchrun's processes per node (the alternative to the total --num_processes).")  # fmt: skip
     add(resources, "--oversubscribe", action="store_true",
         help="Allow more than 8 CPU processes per core on a machine (refused otherwise, as a likely typo).")  # fmt: skip
     add(resources, "--num_cpu_threads_per_process", type=int,
@@ -223,6 +228,8 @@ def build_launch_parser(
     add(dist, "--role", help="User-defined role of the workers (default: default).")
     add(dist, "--rdzv_backend", type=_lower, help="Rendezvous: static (default) or c10d.")
     add(dist, "--rdzv_conf", help="Extra rendezvous settings: key1=value1,key2=value2.")
+    add(dist, "--rdzv_endpoint", metavar="HOST:PORT",
+        help="torchrun's rendezvous address (sets --main_process_ip and --main_process_port).")  # fmt: skip
     add(
         dist,
         "--max_restarts",

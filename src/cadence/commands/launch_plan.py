@@ -22,7 +22,6 @@ from typing import Any
 from .. import hardware, launch_bounds
 from ..cuda_probe import cuda_compute_capability
 from ..precision_choice import check_precision_supported
-from ..settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from . import config_file as config_files
 from .launch_args import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
@@ -34,6 +33,11 @@ from .launch_args import (
     FSDP_SHARDING_STRATEGIES,
     FSDP_STATE_DICT_TYPES,
     RDZV_BACKENDS,
+)
+from .launch_elastic import (
+    apply_node_range,
+    apply_rdzv_endpoint,
+    torchrun_args,
 )
 from .launch_settings import (
     CONFIG,
@@ -50,6 +54,7 @@ from .launch_settings import (
     config_values,
     read_config,
 )
+from .launch_worker_env import launch_record, worker_environment
 
 __all__ = ["LaunchPlan", "LaunchPlanError", "Setting", "build_plan"]
 
@@ -73,6 +78,7 @@ class LaunchPlan:
     num_processes: int
     num_machines: int
     nproc_per_node: int
+    min_nodes: int = 0  # fewest nodes of an elastic job (--nnodes MIN:MAX); 0: num_machines
     record: dict[str, Any] = field(default_factory=dict)
     worker_env: dict[str, str] = field(default_factory=dict)
     torchrun_args: list[str] = field(default_factory=list)
@@ -82,6 +88,14 @@ class LaunchPlan:
     def config_file(self) -> str | None:
         """The config file the plan was read from, or None."""
         return self.settings["config_file"].value
+
+    def __post_init__(self) -> None:
+        self.min_nodes = self.min_nodes or self.num_machines
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the number of nodes may change while the job runs (--nnodes MIN:MAX)."""
+        return self.min_nodes != self.num_machines
 
     @property
     def multi_process(self) -> bool:
@@ -204,11 +218,12 @@ class _Planner:
             num_processes=self.num_processes,
             num_machines=self.machines,
             nproc_per_node=self.nproc_per_node,
+            min_nodes=self.min_nodes,
             notes=self.notes,
         )
-        plan.record = _launch_record(plan)
-        plan.worker_env = _worker_env(plan, self.gpu_ids, self.env)
-        plan.torchrun_args = _torchrun_args(plan, self.rdzv_conf)
+        plan.record = launch_record(plan)
+        plan.worker_env = worker_environment(plan, self.gpu_ids, self.env)
+        plan.torchrun_args = torchrun_args(plan, self.rdzv_conf)
         return plan
 
     def choose_paradigm(self) -> None:
@@ -260,6 +275,8 @@ class _Planner:
         self.usable_gpus = len(self.gpu_ids) if self.gpu_ids is not None else gpus
 
     def count_processes(self) -> None:
+        self.min_nodes = apply_node_range(self.settings, self.errors, self.notes)
+        apply_rdzv_endpoint(self.settings, self.errors)
         machines = self.machines = self.value("num_machines")
         on_gpu = self.device.value == "cuda"
         if self.value("num_processes") is None:
@@ -526,111 +543,3 @@ class _Planner:
         if self.num_processes > 1:
             return "MULTI_GPU" if self.device.value == "cuda" else "MULTI_CPU"
         return "NO"
-
-
-def _launch_record(plan: LaunchPlan) -> dict[str, Any]:
-    value = plan.value
-    record: dict[str, Any] = {
-        "num_processes": plan.num_processes,
-        "num_machines": plan.num_machines,
-        "backend": plan.backend,
-        "use_cpu": plan.device.value == "cpu",
-        "distributed_type": plan.distributed_type,
-        "mixed_precision": value("mixed_precision"),
-        "debug": value("debug"),
-        "main_training_function": value("main_training_function"),
-        "enable_cpu_affinity": value("enable_cpu_affinity"),
-        "downcast_bf16": value("downcast_bf16"),
-    }
-    if value("gradient_accumulation_steps") is not None:
-        record["gradient_accumulation_steps"] = value("gradient_accumulation_steps")
-    if value("dynamo_backend") not in (None, "no"):
-        record["dynamo"] = {
-            "backend": value("dynamo_backend").upper(),
-            "mode": value("dynamo_mode"),
-            "fullgraph": value("dynamo_use_fullgraph"),
-            "dynamic": value("dynamo_use_dynamic"),
-            "regional_compilation": value("dynamo_use_regional_compilation"),
-        }
-    if plan.distributed_type == "FSDP":
-        record["fsdp"] = {name[len("fsdp_") :]: value(name) for name in FSDP_SETTINGS}
-    if plan.distributed_type == "DEEPSPEED":
-        deepspeed = {name: value(name) for name in DEEPSPEED_SETTINGS}
-        deepspeed["fields_from_config"] = sorted(
-            [n for n in DEEPSPEED_SETTINGS if plan.settings[n].source == CONFIG]
-            + (["mixed_precision"] if plan.settings["mixed_precision"].source == CONFIG else [])
-        )
-        record["deepspeed"] = deepspeed
-    return record
-
-
-def _worker_env(
-    plan: LaunchPlan, gpu_ids: list[str] | None, env: Mapping[str, str]
-) -> dict[str, str]:
-    worker_env = {
-        LAUNCH_CONFIG_ENV: encode_launch_config(plan.record),
-        "OMP_NUM_THREADS": str(plan.value("num_cpu_threads_per_process")),
-    }
-    if gpu_ids is not None:
-        worker_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
-    if not plan.multi_process:
-        # What torch elastic would give a world of one, so scripts that call init_process_group work too.
-        worker_env.update(
-            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-            MASTER_ADDR=plan.value("main_process_ip"), MASTER_PORT=str(plan.value("main_process_port")),
-        )  # fmt: skip
-    if plan.num_machines > 1 and plan.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in env:
-        # gloo picks its interface from the hostname, which may resolve to 127.0.0.1 (containers,
-        # network namespaces): use the interface that actually routes to the main machine.
-        local = hardware.local_address_towards(
-            plan.value("main_process_ip"), plan.value("main_process_port")
-        )
-        interface = hardware.interface_with_address(local) if local else None
-        if interface:
-            worker_env["GLOO_SOCKET_IFNAME"] = interface
-    return worker_env
-
-
-def _torchrun_args(plan: LaunchPlan, rdzv_conf: dict[str, str]) -> list[str]:
-    value = plan.value
-    ip, port = value("main_process_ip"), value("main_process_port")
-    args = [
-        "--nnodes", str(plan.num_machines),
-        "--nproc_per_node", str(plan.nproc_per_node),
-        "--rdzv_backend", value("rdzv_backend"),
-        "--max_restarts", str(value("max_restarts")),
-        "--monitor_interval", str(value("monitor_interval")),
-        "--role", value("role"),
-        "--tee", str(value("tee")),
-    ]  # fmt: skip
-    conf = dict(rdzv_conf)
-    if value("rdzv_backend") == "static":
-        args += [
-            "--node_rank",
-            str(value("machine_rank")),
-            "--master_addr",
-            ip,
-            "--master_port",
-            str(port),
-        ]
-    else:
-        args += ["--rdzv_endpoint", f"{ip}:{port}", "--rdzv_id", "none"]
-        if plan.num_machines > 1 and "is_host" not in conf:
-            local = hardware.local_address_towards(ip, port)
-            # Decide who hosts the rendezvous store by routing, not by hostname (which may resolve to
-            # 127.0.0.1 on every machine inside containers or network namespaces).
-            if local is not None:
-                conf["is_host"] = "1" if local == ip else "0"
-    if plan.num_machines > 1:
-        local = hardware.local_address_towards(ip, port)
-        if local is not None:
-            args += ["--local_addr", local]
-    if conf:
-        args += ["--rdzv_conf", ",".join(f"{k}={v}" for k, v in conf.items())]
-    if value("log_dir"):
-        args += ["--log_dir", value("log_dir")]
-    if plan.no_python:
-        args += ["--no_python", plan.script, *plan.script_args]
-    else:
-        args += ["--module", *plan.worker_argv()[3:]]
-    return args

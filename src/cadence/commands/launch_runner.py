@@ -23,6 +23,8 @@ from ..diagnostics.failure_report import (
     format_failure_summary,
 )
 from ..diagnostics.signing import JOB_TOKEN_ENV, new_job_token
+from ..diagnostics.stop_notice import RESUME_EXIT_CODE, stop_signal
+from .launch_elastic import is_loopback
 from .launch_plan import LaunchPlan
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -116,6 +118,8 @@ def _store_host(plan: LaunchPlan) -> str | None:
         return plan.value("main_process_ip")
     if backend == "c10d" and _rdzv_conf(plan).get("is_host") in ("1", "true", "True"):
         return plan.value("main_process_ip")
+    if backend == "c10d" and plan.elastic and is_loopback(plan.value("main_process_ip")):
+        return "127.0.0.1"  # local nodes: the first launcher hosts it, the others connect
     return None
 
 
@@ -136,8 +140,10 @@ def _run_elastic(plan: LaunchPlan) -> int:
     from ..rendezvous_store import store_bound_to  # deferred: imports torch.distributed
 
     port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
-    with store_bound_to(host, port, other_machines) as (store, why_not):
-        if store is None and not plan.value("quiet"):
+    local_nodes = plan.elastic and is_loopback(host)  # several local elastic "nodes"
+    with store_bound_to(host, port, other_machines and not local_nodes) as (store, why_not):
+        # A second local node finds the port taken by the first: it connects as a client.
+        if store is None and not plan.value("quiet") and not local_nodes:
             _say(
                 f"cadence launch: the rendezvous store listens on every interface: {why_not} "
                 "(see README, 'The rendezvous store')"
@@ -154,15 +160,26 @@ def _run_elastic_agent(plan: LaunchPlan) -> int:
     _quiet_torch_elastic(plan.value("debug"))
     user_log_dir = plan.value("log_dir")
     scratch = None if user_log_dir else tempfile.TemporaryDirectory(prefix="cadence-launch-")
+    from .elastic_agent import (  # deferred: imports torch elastic
+        SupervisingAgent,
+        supervising_agent,
+    )
+
     args = list(plan.torchrun_args)
     if scratch is not None:
         args = ["--log_dir", scratch.name, *args]
+    notice = stop_signal()  # a bad CADENCE_STOP_SIGNAL is refused before anything starts
+    handled = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    names = [*handled.split(","), *([notice.name] if notice is not None else [])]
+    args = ["--signals_to_handle", ",".join(dict.fromkeys(names)), *args]
     try:
         config, entrypoint, entry_args = torchrun.config_from_args(torchrun.parse_args(args))
         try:
-            elastic_launch(config=config, entrypoint=entrypoint)(*entry_args)
+            with supervising_agent():
+                elastic_launch(config=config, entrypoint=entrypoint)(*entry_args)
         except ChildFailedError as error:
-            failures = failures_from_elastic(error)
+            agent = SupervisingAgent.latest
+            failures = failures_from_elastic(error, agent.stopped if agent else {})
             base = failures[0].rank - failures[0].local_rank
             local_ranks = [base + i for i in range(plan.nproc_per_node)]
             _say(
@@ -172,9 +189,15 @@ def _run_elastic_agent(plan: LaunchPlan) -> int:
             )
             return 1
         except SignalException as stop:
-            _say(
-                f"cadence launch: stopped by {signal.Signals(stop.sigval).name}; all workers were stopped"
-            )
+            name = signal.Signals(stop.sigval).name
+            agent = SupervisingAgent.latest
+            if agent is not None and agent.stopped_to_resume:
+                _say(
+                    f"cadence launch: stopped by {name} after the workers committed a checkpoint; "
+                    f"exit code {RESUME_EXIT_CODE}: start the job again to resume"
+                )
+                return RESUME_EXIT_CODE
+            _say(f"cadence launch: stopped by {name}; all workers were stopped")
             return 128 + int(stop.sigval)
         except Exception as error:  # rendezvous or agent failure: the workers never ran to the end
             if plan.value("debug"):

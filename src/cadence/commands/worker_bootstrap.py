@@ -6,8 +6,8 @@
 - an uncaught exception is written to the JSON error file torch elastic names in
   ``TORCHELASTIC_ERROR_FILE`` (the format torch elastic's own error handler writes, plus a precise
   ``cadence`` section), so the launcher can report which rank failed first and why;
-- on Linux the worker asks the kernel to send it SIGTERM when its launcher dies, so a launcher killed
-  with SIGKILL leaves no orphans.
+- on Linux the worker asks the kernel to send it SIGKILL when its launcher dies, so a launcher killed
+  with SIGKILL leaves no orphans, frozen or stuck ones included.
 
 It imports nothing heavy: the user's script decides whether torch is loaded.
 """
@@ -36,7 +36,9 @@ def _die_with_parent() -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        # SIGKILL, not SIGTERM: a SIGTERM stays pending on a frozen (SIGSTOPped) worker forever,
+        # and a worker stuck in C code may never run its handler; the job is over either way.
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         return
     if os.getppid() == 1:  # the launcher died before prctl took effect

@@ -18,6 +18,7 @@ from ..collectives import (
     broadcast_object_list,
     send_to_device,
 )
+from ..diagnostics.stop_notice import notice as stop_notice
 from ..state import PartialState
 from .batches import get_data_structure, initialize_tensors
 from .loaders import _EXHAUSTED, DataLoaderAdapter, DataLoaderStateMixin
@@ -64,6 +65,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
 
     # -- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        stop_notice.at_step_boundary()  # the graceful stop happens before a batch is handed out
         resume = self._position.take_pending()
         self.begin()
         self.set_epoch(self.iteration)
@@ -120,6 +122,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
                 self.end()
                 return
             yield batch
+            stop_notice.at_step_boundary()
 
     def _base_batches_per_batch(self) -> int:
         return 1 if self.split_batches else self.state.num_processes

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
+from ..diagnostics.stop_notice import notice as stop_notice
 from ..state import GradientState
 from ..utils.random import synchronize_rng_states
 from .device_prefetch import batch_transfer, pin_memory_kwargs
@@ -398,6 +399,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
 
     def __iter__(self) -> Iterator[Any]:
         # Everything happens at the first next(), as for any generator (iter() alone does nothing).
+        stop_notice.at_step_boundary()  # the graceful stop happens before a batch is handed out
         resume = self._position.take_pending()
         exact = resume is not None and resume.get("exact", True)
         if not exact and self.rng_types is not None:  # an exact resume replays the saved states
@@ -450,6 +452,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             position.yielded = yielded
             self._handed_out_state = state_of_current
             yield current
+            stop_notice.at_step_boundary()
             state_of_current = state_of_upcoming
         self.end_of_dataloader = True
         self._settle_remainder()

@@ -14,6 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..settings import env_text
+from .generation_env import GENERATION_ENV
 from .signing import RecordSigner
 
 # compare_set attempts when a forged value sits under a key this job writes once ("stop").
@@ -23,7 +24,9 @@ _REPLACE_FORGERIES = 4
 def channel_prefix(generation: int) -> str:
     """Store key prefix of the side channel for this run, restart and `generation`."""
     run = env_text("TORCHELASTIC_RUN_ID", "run")
-    restart = env_text("TORCHELASTIC_RESTART_COUNT", "0")
+    # The rendezvous round (set by cadence launch's agent) is the same on every node; the restart
+    # count is not (a node that joined later has restarted fewer times).
+    restart = env_text(GENERATION_ENV) or env_text("TORCHELASTIC_RESTART_COUNT", "0")
     return f"cadence/watch/{run}/{restart}/{generation}/"
 
 

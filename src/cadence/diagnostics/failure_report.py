@@ -26,6 +26,8 @@ class WorkerFailure:
     exitcode: int
     pid: int | None
     error_data: dict[str, Any] | None  # the worker's JSON error file, when it wrote one
+    # Set when the launcher itself SIGKILLed the worker: why ("after a failure", ...) and the grace.
+    killed_by_launcher: str | None = None
 
     @property
     def exception(self) -> str | None:
@@ -70,7 +72,15 @@ class WorkerFailure:
                 name = signal.Signals(-self.exitcode).name
             except ValueError:
                 name = f"signal {-self.exitcode}"
-            hint = " (out of memory?)" if name == "SIGKILL" else ""
+            if self.killed_by_launcher:
+                return f"stopped by the launcher {self.killed_by_launcher}"
+            # Nothing in this job sent it: the kernel's OOM killer is the usual sender.
+            hint = (
+                " (out of memory? the kernel's OOM killer logs each kill: `dmesg | grep -i oom` "
+                "or `journalctl -k | grep -i oom`)"
+                if name == "SIGKILL"
+                else ""
+            )
             return f"killed by {name}{hint}"
         return f"exit code {self.exitcode}"
 
@@ -124,6 +134,8 @@ def format_failure_summary(
         other = failed.get(rank)
         if other is None:
             label = because
+        elif other.killed_by_launcher:
+            label = _stopped_label(cause, other)
         elif other.is_knock_on:
             label = f"{because} (lost the connection to it)"
         else:
@@ -141,8 +153,10 @@ def format_failure_summary(
     return "\n".join(lines)
 
 
-def failures_from_elastic(error: Any) -> list[WorkerFailure]:
-    """Convert torch elastic's ChildFailedError into WorkerFailure records."""
+def failures_from_elastic(error: Any, killed: dict[int, Any] | None = None) -> list[WorkerFailure]:
+    """Convert torch elastic's ChildFailedError into WorkerFailure records; `killed` maps the pids
+    the launcher SIGKILLed itself to why (see commands/elastic_agent.LauncherKill)."""
+    killed = killed or {}
     result = []
     for rank, failure in sorted(error.failures.items()):
         data = failure.error_file_data if isinstance(failure.error_file_data, dict) else None
@@ -155,9 +169,31 @@ def failures_from_elastic(error: Any) -> list[WorkerFailure]:
                 exitcode=int(failure.exitcode),
                 pid=failure.pid,
                 error_data=data or None,
+                killed_by_launcher=_launcher_kill(killed.get(failure.pid)),
             )
         )
     return result
+
+
+def _stopped_label(cause: WorkerFailure, other: WorkerFailure) -> str:
+    """What happened to a rank the launcher stopped itself (not a failure of its own)."""
+    if (cause.exception or "").startswith("CollectiveStuck"):
+        return (
+            f"stopped by the launcher after the stuck timeout (rank {cause.rank}'s report above "
+            "says where it was and for how long)"
+        )
+    because = f"stopped because rank {cause.rank} failed"
+    if other.exitcode == -9:
+        return f"{because} ({other.describe_exit()})"
+    return because
+
+
+def _launcher_kill(stop: Any) -> str | None:
+    if stop is None:
+        return None
+    if stop.signal_name == "SIGKILL":
+        return f"{stop.why}: it did not end within {stop.grace:g} s of being told to stop"
+    return f"{stop.why} ({stop.signal_name})"
 
 
 def failures_from_error_files(log_dir: str) -> list[WorkerFailure]:

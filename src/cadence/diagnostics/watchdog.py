@@ -24,6 +24,7 @@ from .hooks import install_hooks
 from .ledger import ledger
 from .settings import WatchSettings
 from .signing import JOB_TOKEN_ENV
+from .stop_notice import watchdog_tick as stop_notice_tick
 from .stopping import print_report, stop_process
 from .verdict import judge, stall_report
 
@@ -145,6 +146,7 @@ class Watchdog:
         reason = self.channel.stop_reason()
         if reason is not None and reason.get("rank") != self.rank:
             stop_process(self.rank, reason, reporter=False)
+        stop_notice_tick(self.channel, self.rank, self.world_size)
         if mine.get("phase") != "collective" or not self._my_turn():
             return
         if time.time() - mine["since"] < self.settings.grace:

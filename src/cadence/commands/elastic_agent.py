@@ -1,0 +1,196 @@
+"""torch elastic's local agent, extended where `cadence launch` needs more than it does.
+
+`torch.distributed.run` builds a `LocalElasticAgent`; within `supervising_agent()` it builds this
+subclass instead (same constructor, same loop), which adds:
+
+- **stopping that reaches every worker**: each worker's process group gets the death signal, then
+  SIGCONT, so a frozen (SIGSTOPped) worker receives it now rather than never; one still alive after
+  the grace is SIGKILLed (with SIGCONT again) and remembered, so the summary can say the launcher
+  stopped it;
+- **the right grace for each stop**: after a failure a short one (`FAILURE_GRACE`: the job is over,
+  a stuck rank is not waited on for 30 s); for a stop notice, a membership change or workers that
+  stopped to resume, `CADENCE_STOP_GRACE` (default 30 s, torch's) so the step and its checkpoint
+  can finish;
+- **one line per restart** with the old and new world size;
+- the **restart generation** for the workers (`CADENCE_RESTART_GENERATION`: the rendezvous round).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
+from ..diagnostics.generation_env import GENERATION_ENV
+from ..diagnostics.stop_notice import RESUME_EXIT_CODE, stop_grace
+
+# Seconds a worker gets to end after the job failed, before SIGKILL (torch's default is 30).
+FAILURE_GRACE = 3.0
+
+
+@dataclass(frozen=True)
+class LauncherKill:
+    """A worker the launcher stopped: with which signal, why, and the grace it was given."""
+
+    local_rank: int
+    rank: int
+    grace: float
+    why: str  # "after rank 0 failed", "on a stop notice", ...
+    signal_name: str  # the signal sent ("SIGKILL": it did not end within the grace)
+
+
+class SupervisingAgent(LocalElasticAgent):
+    """`LocalElasticAgent` with the stopping, grace and restart reports described above."""
+
+    latest: SupervisingAgent | None = None  # the agent of this launcher (for the summary)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.notice_grace = stop_grace()
+        self.stopped: dict[int, LauncherKill] = {}  # pid -> how and why the launcher stopped it
+        self._why_stopping = "after a failure"
+        self._world_size: int | None = None
+        self.exit_codes: dict[int, int | None] = {}  # local rank -> exit code, at the last stop
+        SupervisingAgent.latest = self
+
+    # -- why the workers are being stopped -------------------------------------------------------
+    def _monitor_workers(self, worker_group: Any) -> Any:
+        result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.HEALTHY:
+            self._why_stopping = "for a membership change"  # the only stop of healthy workers
+        elif result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            codes = {failure.exitcode for failure in result.failures.values()}
+            resuming = codes == {RESUME_EXIT_CODE}
+            self._why_stopping = "to resume" if resuming else "after a failure"
+        return result
+
+    def _invoke_run(self, role: str = "default") -> Any:
+        try:
+            return super()._invoke_run(role)
+        except SignalException:
+            self._why_stopping = "on a stop notice"
+            raise
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        if handlers:
+            self._stop_processes(handlers, death_sig)
+        super()._shutdown(death_sig, timeout=0)  # nothing left alive: closes logs and servers
+
+    def _hook_pcontext(self) -> None:
+        """torch's process context also stops the other workers itself when one fails (with a
+        30-s grace): route that through `_stop_processes` too."""
+        pcontext = self._pcontext
+        original = getattr(pcontext, "_close", None)
+        if original is None or not hasattr(pcontext, "subprocess_handlers"):
+            return
+
+        def close(death_sig: signal.Signals, timeout: int = 30) -> None:
+            self._stop_processes(pcontext.subprocess_handlers, death_sig)
+            original(death_sig=death_sig, timeout=0)
+
+        pcontext._close = close
+
+    def _grace(self, procs: dict[int, Any]) -> tuple[float, str]:
+        ended = {rank: proc.poll() for rank, proc in procs.items() if proc.poll() is not None}
+        failed = sorted(rank for rank, code in ended.items() if code not in (0, RESUME_EXIT_CODE))
+        if failed or self._why_stopping == "after a failure":
+            ranks = [self._global_rank(rank) for rank in failed]
+            return FAILURE_GRACE, f"after rank {ranks[0]} failed" if ranks else "after a failure"
+        return self.notice_grace, self._why_stopping
+
+    def _global_rank(self, local_rank: int) -> int:
+        workers = self._worker_group.workers
+        return workers[local_rank].global_rank if local_rank < len(workers) else local_rank
+
+    def _stop_processes(self, handlers: dict[int, Any], death_sig: signal.Signals) -> None:
+        procs = {rank: h.proc for rank, h in handlers.items()}
+        grace, why = self._grace(procs)
+        alive = {rank: proc for rank, proc in procs.items() if proc.poll() is None}
+        for local_rank, proc in alive.items():
+            self.stopped[proc.pid] = LauncherKill(
+                local_rank, self._global_rank(local_rank), grace, why, death_sig.name
+            )
+            _signal_group(proc.pid, death_sig)
+            _signal_group(proc.pid, signal.SIGCONT)  # a frozen worker gets the signal now
+        deadline = time.monotonic() + grace
+        while alive and time.monotonic() < deadline:  # bounded by the grace
+            time.sleep(0.05)
+            alive = {rank: proc for rank, proc in alive.items() if proc.poll() is None}
+        for local_rank, proc in alive.items():
+            self.stopped[proc.pid] = LauncherKill(
+                local_rank, self._global_rank(local_rank), grace, why, "SIGKILL"
+            )
+            _signal_group(proc.pid, signal.SIGKILL)
+            _signal_group(proc.pid, signal.SIGCONT)
+        for proc in alive.values():
+            try:
+                proc.wait(5)
+            except Exception:  # noqa: BLE001 - uninterruptible sleep: torch's close reports it
+                pass
+        if procs:
+            self.exit_codes = {rank: proc.poll() for rank, proc in procs.items()}
+
+    @property
+    def stopped_to_resume(self) -> bool:
+        """Whether every worker ended with the resume code at the last stop."""
+        codes = set(self.exit_codes.values())
+        return bool(codes) and codes == {RESUME_EXIT_CODE}
+
+    # -- restarts ------------------------------------------------------------------------------
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        # Workers inherit the agent's environment: the generation travels that way.
+        os.environ[GENERATION_ENV] = str(self._generation())
+        started = super()._start_workers(worker_group)
+        self._hook_pcontext()
+        return started
+
+    def _generation(self) -> int:
+        holder = getattr(self._rdzv_handler, "_state_holder", None)
+        round_ = getattr(getattr(holder, "state", None), "round", None)
+        if isinstance(round_, int):
+            return round_
+        return self._worker_group.spec.max_restarts - self._remaining_restarts
+
+    def _initialize_workers(self, worker_group: Any) -> None:
+        super()._initialize_workers(worker_group)
+        workers = worker_group.workers
+        size = workers[0].world_size if workers else None
+        if self._world_size is not None:
+            restart = worker_group.spec.max_restarts - self._remaining_restarts
+            print(
+                f"cadence launch: restart (generation {os.environ.get(GENERATION_ENV)}, "
+                f"{restart} of --max_restarts used): world size {self._world_size} -> {size}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._world_size = size
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # torch starts each worker in its own session (process group = pid)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextmanager
+def supervising_agent() -> Iterator[None]:
+    """Within this block, torch elastic's launcher builds a `SupervisingAgent`."""
+    import torch.distributed.launcher.api as launcher_api
+
+    original = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = SupervisingAgent  # the name launch_agent() builds
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = original

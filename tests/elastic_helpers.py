@@ -1,0 +1,157 @@
+"""Helpers of the elastic launch tests: two `cadence launch` processes on 127.0.0.1 as two "nodes".
+
+The training script logs, after each step, the samples the whole job trained in it (gathered), so a
+test can check that every sample of every epoch was trained exactly once across restarts. It resumes
+with a model-only + progress-counter checkpoint flow (the samples of the epoch not yet trained are
+re-sharded by the script itself), so it does not depend on the loader's own resumable position.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
+JOB_TOKEN = "5f0c1d2e3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d"
+
+TRAIN_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    from cadence import Accelerator
+    from cadence.utils import ProjectConfiguration
+
+    project, epochs, n = sys.argv[1], 2, 48
+    os.makedirs(project, exist_ok=True)
+    step_sleep = float(os.environ.get("STEP_SLEEP", "0.3"))
+
+    class Progress:
+        def __init__(self):
+            self.epoch, self.done = 0, 0  # samples of this epoch trained by the whole job
+        def state_dict(self):
+            return {"epoch": self.epoch, "done": self.done}
+        def load_state_dict(self, state):
+            self.epoch, self.done = state["epoch"], state["done"]
+
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=3)
+    acc = Accelerator(cpu=True, project_config=config)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = acc.prepare(model, opt)
+    progress = Progress()
+    acc.register_for_checkpointing(progress)
+    if os.path.isdir(os.path.join(project, "checkpoints")):
+        acc.load_state()
+        if acc.is_main_process:
+            print(f"resumed at epoch {progress.epoch} after {progress.done} samples, "
+                  f"world size {acc.num_processes}", flush=True)
+    log = open(os.path.join(project, f"log-{acc.process_index}-{os.getpid()}.jsonl"), "a")
+    while progress.epoch < epochs:
+        remaining = list(range(progress.done, n))
+        # A global batch of 4 samples per step whatever the world size (4 // world per rank).
+        loader = acc.prepare_data_loader(
+            torch.utils.data.DataLoader(remaining, batch_size=4 // acc.num_processes)
+        )
+        for mine in loader:
+            trained = acc.gather(mine.clone()).tolist()
+            loss = model(mine.float().unsqueeze(1)).pow(2).mean()
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            progress.done += len(trained)
+            if acc.is_main_process:
+                record = {"epoch": progress.epoch, "samples": trained, "world": acc.num_processes,
+                          "time": time.time()}
+                log.write(json.dumps(record) + "\\n")
+                log.flush()
+            time.sleep(step_sleep)
+        progress.epoch += 1
+        progress.done = 0
+    acc.save_state()  # the finished state: a restart after the end has nothing left to do
+    if acc.is_main_process:
+        print("finished", flush=True)
+    """
+)
+
+
+def node_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of one launcher: no inherited launch variables, CPU workers, a shared token."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CADENCE_", "TORCHELASTIC_", "PET_", "TORCH_DISABLE_SHARE"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HOME=str(tmp_path / "hf"), CADENCE_JOB_TOKEN=JOB_TOKEN)
+    env.update(extra)
+    return env
+
+
+def start_node(
+    tmp_path: Path, port: int, name: str, script: Path, *flags: str, **env: str
+) -> subprocess.Popen:
+    """One "node": `cadence launch --nnodes 1:2 ...` on 127.0.0.1:`port`, output in `name`.out."""
+    out = open(tmp_path / f"{name}.out", "w")  # noqa: SIM115 - closed with the process
+    command = [
+        *CADENCE, "launch", "--cpu", "--quiet", "--nnodes", "1:2", "--nproc_per_node", "1",
+        "--max_restarts", "3", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+        *flags, str(script), str(tmp_path / "project"),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=tmp_path, env=node_env(tmp_path, **env), stdout=out, stderr=subprocess.STDOUT
+    )
+
+
+def steps(tmp_path: Path) -> list[dict]:
+    """Every logged step of the job, in time order."""
+    records = []
+    for path in (tmp_path / "project").glob("log-*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                records.append(json.loads(line))
+    return sorted(records, key=lambda r: r["time"])
+
+
+def sample_counts(records: list[dict]) -> collections.Counter:
+    """How many times each (epoch, sample) was trained."""
+    counts: collections.Counter = collections.Counter()
+    for record in records:
+        counts.update((record["epoch"], sample) for sample in record["samples"])
+    return counts
+
+
+def wait_until(condition, limit: float) -> bool:
+    """Poll `condition` every 0.1 s for at most `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return bool(condition())
+
+
+def port_open(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port` (the first node's rendezvous store)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def stop_all(*processes: subprocess.Popen) -> None:
+    """End what a test started (launchers whose workers die with them)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
