@@ -5,7 +5,15 @@ import the configuration classes next to the Accelerator (`from accelerate.accel
 Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin`): those names are re-exported here.
 """
 
-from ..dataclasses import (
+from ..core.enums import (
+    DistributedType,
+    DynamoBackend,
+    FP8BackendType,
+    LoggerType,
+    PrecisionType,
+    RNGType,
+)
+from ..options.dataclasses import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -21,20 +29,12 @@ from ..dataclasses import (
     TERecipeKwargs,
     TorchDynamoPlugin,
 )
-from ..enums import (
-    DistributedType,
-    DynamoBackend,
-    FP8BackendType,
-    LoggerType,
-    PrecisionType,
-    RNGType,
-)
-from ..gradient_state import GradientState
 from ..plugins.deepspeed import DeepSpeedPlugin
 from ..plugins.fsdp import FullyShardedDataParallelPlugin
 from ..plugins.megatron import MegatronLMPlugin
 from ..plugins.parallelism import TorchTensorParallelPlugin
-from ..state import AcceleratorState, PartialState
+from ..runtime.gradient_state import GradientState
+from ..runtime.state import AcceleratorState, PartialState
 from .facade import Accelerator
 
 __all__ = [

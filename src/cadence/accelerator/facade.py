@@ -16,20 +16,24 @@ from typing import Any
 
 import torch
 
-from .. import collectives as ops
 from ..bigmodel.training_checks import offloaded_state_dict, verify_device_map
 from ..checkpointing.checkpointer import Checkpointer
-from ..dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
-from ..enums import FP8BackendType
-from ..join import join_uneven_inputs
+from ..core.enums import FP8BackendType
+from ..core.prepared import PreparedObjects
+from ..core.profiling import profile
+from ..core.settings import describe, read_launch_config
+from ..options.dataclasses import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
 from ..plugins.resolve import setup_device_mesh
-from ..precision import Precision, PrecisionRequest, remove_forward_wrapper
-from ..prepared import PreparedObjects
-from ..profiling import profile
-from ..settings import describe, read_launch_config
-from ..state import AcceleratorState, GradientState
+from ..precision.policy import Precision, PrecisionRequest, remove_forward_wrapper
+from ..runtime import collectives as ops
+from ..runtime.state import AcceleratorState, GradientState
 from ..strategies import StrategyContext, select_strategy
 from ..tracking import TrackerHub
+from ..training.join import join_uneven_inputs
 from .accumulation import GradientAccumulation
 from .preparation import Preparer
 from .settings import AcceleratorSettings, fp8_recipe_handler
@@ -467,7 +471,7 @@ class Accelerator:
         """Alias of free_memory."""
         return self.free_memory(*objects)
 
-    # -- execution control and collectives (the process state and cadence.collectives) --------------------
+    # -- execution control and collectives (the process state and cadence.runtime.collectives) --------------------
     def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
         """Block until every process reaches this point (nothing happens on one process)."""
         self.state.partial_state.wait_for_everyone(timeout)

@@ -12,21 +12,21 @@ from typing import Any
 
 import torch
 
-from ..availability import is_bitsandbytes_multi_backend_available, is_xpu_available
 from ..bigmodel.training_checks import (
     check_model_is_trainable,
     check_quantized_model_placement,
     is_quantized_with_device_map,
     verify_device_map,
 )
-from ..dataclasses import DataLoaderConfiguration
-from ..input_errors import rank_named_errors, with_rank
-from ..optimizer import AcceleratedOptimizer
+from ..core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available
+from ..core.input_errors import rank_named_errors, with_rank
+from ..core.prepared import PreparedObjects
+from ..options.dataclasses import DataLoaderConfiguration
 from ..plugins.parallelism import data_parallel_coordinates
-from ..prepared import PreparedObjects
-from ..scheduler import AcceleratedScheduler
-from ..state import GradientState
+from ..runtime.state import GradientState
 from ..strategies import Strategy
+from ..training.optimizer import AcceleratedOptimizer
+from ..training.scheduler import AcceleratedScheduler
 
 _PREPARABLE_KINDS = ("dataloader", "model", "optimizer", "scheduler")
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..collectives import gather_object
-from ..dataclasses import ProjectConfiguration
-from ..prepared import PreparedObjects
+from ..core.prepared import PreparedObjects
+from ..options.dataclasses import ProjectConfiguration
+from ..runtime.collectives import gather_object
 from ..strategies import Strategy
 from .async_writer import (
     AsyncCheckpointSaver,

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import xla_runtime
+from ..xla import runtime as xla_runtime
 from .errors import CheckpointCorruptError, UnsafeCheckpointError
 
 if TYPE_CHECKING:

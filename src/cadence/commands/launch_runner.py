@@ -133,7 +133,7 @@ def _run_elastic(plan: LaunchPlan) -> int:
     host = _store_host(plan)
     if host is None:
         return _run_elastic_agent(plan)
-    from ..rendezvous_store import store_bound_to  # deferred: imports torch.distributed
+    from ..launch.rendezvous_store import store_bound_to  # deferred: imports torch.distributed
 
     port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
     with store_bound_to(host, port, other_machines) as (store, why_not):

@@ -13,12 +13,8 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..collectives import (
-    broadcast,
-    broadcast_object_list,
-    send_to_device,
-)
-from ..state import PartialState
+from ..runtime.collectives import broadcast, broadcast_object_list, send_to_device
+from ..runtime.state import PartialState
 from .batches import get_data_structure, initialize_tensors
 from .loaders import _EXHAUSTED, DataLoaderAdapter, DataLoaderStateMixin
 from .mixed_batches import (

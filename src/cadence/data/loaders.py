@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
-from ..state import GradientState
-from ..utils.random import synchronize_rng_states
+from ..runtime.random import synchronize_rng_states
+from ..runtime.state import GradientState
 from .device_prefetch import batch_transfer, pin_memory_kwargs
 from .position import (
     LoaderPosition,

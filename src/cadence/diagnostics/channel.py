@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..settings import env_text
+from ..core.settings import env_text
 from .signing import RecordSigner
 
 # compare_set attempts when a forged value sits under a key this job writes once ("stop").

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from ..enums import DistributedType
-from ..precision import (
+from ..core.enums import DistributedType
+from ..core.prepared import PreparedObjects
+from ..precision.choice import fp8_handler_backend
+from ..precision.fp8 import Float8Precision
+from ..precision.policy import (
     AutocastPrecision,
     EnginePrecision,
     Precision,
@@ -16,10 +19,7 @@ from ..precision import (
     ShardedAutocastPrecision,
     check_precision_supported,
 )
-from ..precision_choice import fp8_handler_backend
-from ..precision_fp8 import Float8Precision
-from ..prepared import PreparedObjects
-from ..state import GradientState
+from ..runtime.state import GradientState
 from .base import Strategy
 from .context import StrategyContext
 
