@@ -13,6 +13,7 @@ from ..core.enums import (
     PrecisionType,
     RNGType,
 )
+from ..core.lazy_exports import lazy_exports
 from ..options.dataclasses import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -29,13 +30,17 @@ from ..options.dataclasses import (
     TERecipeKwargs,
     TorchDynamoPlugin,
 )
-from ..plugins.deepspeed import DeepSpeedPlugin
-from ..plugins.fsdp import FullyShardedDataParallelPlugin
-from ..plugins.megatron import MegatronLMPlugin
-from ..plugins.parallelism import TorchTensorParallelPlugin
 from ..runtime.gradient_state import GradientState
 from ..runtime.state import AcceleratorState, PartialState
 from .facade import Accelerator
+
+# The backend plugins load on first use of their name (most scripts never name one).
+_EXPORTS = {
+    "DeepSpeedPlugin": "cadence.plugins.deepspeed",
+    "FullyShardedDataParallelPlugin": "cadence.plugins.fsdp",
+    "MegatronLMPlugin": "cadence.plugins.megatron",
+    "TorchTensorParallelPlugin": "cadence.plugins.parallelism",
+}
 
 __all__ = [
     "AORecipeKwargs",
@@ -67,3 +72,11 @@ __all__ = [
     "TorchDynamoPlugin",
     "TorchTensorParallelPlugin",
 ]
+
+_lazy_getattr, _lazy_dir = lazy_exports(__name__, _EXPORTS)
+__getattr__ = _lazy_getattr
+
+
+def __dir__() -> list[str]:
+    """The eager names and the plugins loaded on first use."""
+    return sorted(set(globals()) | set(_EXPORTS))

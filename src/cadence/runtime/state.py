@@ -20,7 +20,6 @@ from ..core.settings import device_from_env, read_launch_config, resolve, resolv
 from ..core.shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
 from ..core.shared_state import do_nothing as do_nothing
 from ..diagnostics.settings import resolve_watch_settings
-from ..diagnostics.watchdog import start_watchdog
 from ..plugins.resolve import ParallelPlugins, configure_state
 from ..precision.choice import parse_mixed_precision
 from ..xla import runtime as xla_runtime
@@ -80,6 +79,10 @@ class PartialState:
         self.use_cpu = cpu or self.device.type == "cpu"
         self._check_launch_expectations(launch)
         if self.use_distributed and not xla:  # the watchdog's handshakes run on gloo/NCCL groups
+            from ..diagnostics.watchdog import (  # deferred: the watchdog loads only with several processes
+                start_watchdog,
+            )
+
             start_watchdog(self, watch)
 
     # -- set-up ---------------------------------------------------------------------------------
