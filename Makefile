@@ -48,3 +48,19 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests examples benchmarks
 	$(VENV)/bin/ruff check --fix src tests examples benchmarks
+
+# The benchmarks that run on a CPU-only machine, in small sizes (a few minutes in all). REF_PY, the
+# python of a venv with the reference library, adds the reference's numbers where a benchmark compares:
+#   make bench REF_PY=/path/to/reference-venv/bin/python
+# GPU, FSDP and XLA benchmarks (bench_gpu.py, bench_fsdp.py, bench_xla_step.py) run by hand.
+REF_PY ?=
+bench: $(STAMP)
+	$(PY) benchmarks/bench_import.py --runs 7 $(if $(REF_PY),--reference-python $(REF_PY))
+	$(PY) benchmarks/bench_cli.py --rounds 2 --help_rounds 5
+	$(PY) benchmarks/bench_training_step.py --rounds 3
+	$(PY) benchmarks/bench_autocast_step.py --rounds 3 --steps 500
+	$(PY) benchmarks/bench_ledger.py --rounds 3 --steps 100
+	$(PY) benchmarks/bench_dataloader.py --rounds 3 --samples 50000
+	$(PY) benchmarks/bench_collectives.py
+	$(PY) benchmarks/bench_checkpoint.py --params 10 --rounds 1 --procs 1 --reference $(if $(REF_PY),$(REF_PY),none)
+	$(if $(REF_PY),$(PY) benchmarks/bench_big_model.py --size-mb 64 --rounds 1 --reference-python $(REF_PY),@echo "bench_big_model.py compares with the reference: skipped without REF_PY")
