@@ -5,29 +5,24 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.cadence-demo-installed
 STAMP := $(VENV)/.cadence-installed
 
-.PHONY: demo test test-xla lint format bench docs
+.PHONY: demo test test-xla lint format bench
 
-# The demo needs only torch and the package; the suite adds the test tools, the optional packages
-# whose integrations it exercises (trackers, DeepSpeed) and the documentation tools.
+# The demo needs only torch and the package; the suite adds the test tools and the optional packages
+# whose integrations it exercises (trackers, DeepSpeed).
 $(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 -e .
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers,deepspeed,docs]'
+	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers,deepspeed]'
 	touch $(STAMP)
 
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/cadence launch --cpu --num_processes 2 examples/train_regression.py
+	$(VENV)/bin/cadence launch --num_processes 2 examples/train_regression.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
-
-# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or reference.
-# `.venv/bin/mkdocs serve` serves it locally. The variables silence two banners printed by the theme and a plugin.
-docs: $(STAMP)
-	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Optional: the XLA path on torch_xla's CPU device, in its own venv (torch_xla pins torch 2.9, whose
 # only reachable wheel is the CUDA build: ~7 GB, several minutes the first time). `make test` skips these.
@@ -46,10 +41,26 @@ test-xla: $(XLA_STAMP)
 	PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -m xla tests/xla
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples benchmarks docs/*.py
-	$(VENV)/bin/ruff format --check src tests examples benchmarks docs/*.py
+	$(VENV)/bin/ruff check src tests examples benchmarks
+	$(VENV)/bin/ruff format --check src tests examples benchmarks
 	$(PY) -m pytest -q tests/test_layers.py   # the declared layers (ARCHITECTURE.md)
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format src tests examples benchmarks docs/*.py
-	$(VENV)/bin/ruff check --fix src tests examples benchmarks docs/*.py
+	$(VENV)/bin/ruff format src tests examples benchmarks compat docs/*.py
+	$(VENV)/bin/ruff check --fix src tests examples benchmarks compat docs/*.py
+
+# The benchmarks that run on a CPU-only machine, in small sizes (a few minutes in all). REF_PY, the
+# python of a venv with the reference library, adds the reference's numbers where a benchmark compares:
+#   make bench REF_PY=/path/to/reference-venv/bin/python
+# GPU, FSDP and XLA benchmarks (bench_gpu.py, bench_fsdp.py, bench_xla_step.py) run by hand.
+REF_PY ?=
+bench: $(STAMP)
+	$(PY) benchmarks/bench_import.py --runs 7 $(if $(REF_PY),--reference-python $(REF_PY))
+	$(PY) benchmarks/bench_cli.py --rounds 2 --help_rounds 5
+	$(PY) benchmarks/bench_training_step.py --rounds 3
+	$(PY) benchmarks/bench_autocast_step.py --rounds 3 --steps 500
+	$(PY) benchmarks/bench_ledger.py --rounds 3 --steps 100
+	$(PY) benchmarks/bench_dataloader.py --rounds 3 --samples 50000
+	$(PY) benchmarks/bench_collectives.py
+	$(PY) benchmarks/bench_checkpoint.py --params 10 --rounds 1 --procs 1 --reference $(if $(REF_PY),$(REF_PY),none)
+	$(if $(REF_PY),$(PY) benchmarks/bench_big_model.py --size-mb 64 --rounds 1 --reference-python $(REF_PY),@echo "bench_big_model.py compares with the reference: skipped without REF_PY")

@@ -33,7 +33,7 @@ from typing import Any
 
 _CONTEXT = mp.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(
-    ["torch", "torch.distributed", "cadence.state", "cadence.collectives"]
+    ["torch", "torch.distributed", "cadence.state", "cadence.runtime.collectives"]
 )
 
 

@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import cadence
 from cadence import Accelerator
-from cadence.collectives import (
+from cadence.data import prepare_data_loader
+from cadence.runtime.collectives import (
     broadcast,
     broadcast_object_list,
     concatenate,
@@ -35,7 +36,6 @@ from cadence.collectives import (
     pad_across_processes,
     reduce,
 )
-from cadence.data import prepare_data_loader
 from cadence.state import PartialState, reset_state
 from cadence.utils import (
     DataLoaderConfiguration,

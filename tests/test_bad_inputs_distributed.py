@@ -26,7 +26,7 @@ def _run_case(case: str) -> None:
     elif case == "gather text":
         Accelerator().gather({"ids": torch.arange(2), "label": "cat"})
     elif case == "broadcast from a missing rank":
-        from cadence.collectives import broadcast
+        from cadence.runtime.collectives import broadcast
 
         Accelerator()
         broadcast(torch.zeros(2), from_process=5)

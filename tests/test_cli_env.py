@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence import hardware
+from cadence.runtime import hardware
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 

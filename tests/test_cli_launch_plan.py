@@ -17,8 +17,8 @@ import pytest
 
 from cadence.commands.launch_args import build_launch_parser
 from cadence.commands.launch_plan import LaunchPlanError, build_plan
-from cadence.hardware import free_port
-from cadence.settings import LAUNCH_CONFIG_ENV, read_launch_config
+from cadence.core.settings import LAUNCH_CONFIG_ENV, read_launch_config
+from cadence.runtime.hardware import free_port
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 

@@ -64,7 +64,7 @@ def test_cpu_machine_starts_four_gloo_processes(tmp_path):
         import torch
         torch.set_num_threads(1)
         from cadence import PartialState
-        from cadence.settings import read_launch_config
+        from cadence.core.settings import read_launch_config
 
         state = PartialState()
         record = read_launch_config()

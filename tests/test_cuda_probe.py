@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from cadence.cuda_probe import NVML_CHECK_ENV, cuda_device_count, nvml_based_cuda_check
+from cadence.runtime.cuda_probe import NVML_CHECK_ENV, cuda_device_count, nvml_based_cuda_check
 
 
 def test_the_nvml_switch_is_restored(monkeypatch):
@@ -26,8 +26,8 @@ def test_counting_gpus_creates_no_cuda_context():
     """In a fresh process (on a GPU machine this is the real check; without one the count is 0)."""
     code = (
         "import torch\n"
-        "from cadence.cuda_probe import cuda_device_count\n"
-        "from cadence.hardware import visible_gpu_count\n"
+        "from cadence.runtime.cuda_probe import cuda_device_count\n"
+        "from cadence.runtime.hardware import visible_gpu_count\n"
         "print(cuda_device_count(), visible_gpu_count(), torch.cuda.is_initialized())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from cadence.environment import (
+from cadence.core.environment import (
     are_libraries_initialized,
     clear_environment,
     convert_dict_to_env_variables,

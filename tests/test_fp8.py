@@ -37,8 +37,8 @@ class Stack(torch.nn.Module):
 
 
 def _ao_policy(handler=None):
-    from cadence.precision import PrecisionRequest
-    from cadence.precision_fp8 import Float8Precision
+    from cadence.precision.fp8 import Float8Precision
+    from cadence.precision.policy import PrecisionRequest
 
     request = PrecisionRequest("fp8", fp8_handler=handler)
     return Float8Precision.build_fp8(request, torch.device("cpu"))
@@ -93,14 +93,14 @@ def test_msamp_recipe_checks_its_level(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("msamp") is not None, reason="MS-AMP is installed")
 def test_msamp_backend_without_msamp_is_a_clear_error():
-    from cadence.precision_choice import check_precision_supported
+    from cadence.precision.choice import check_precision_supported
 
     with pytest.raises(ImportError, match="MS-AMP"):
         check_precision_supported("fp8", device_type="cuda", fp8_backend="MSAMP")
 
 
 def test_an_unknown_fp8_backend_names_the_choices(monkeypatch):
-    from cadence.precision_choice import resolve_fp8_backend
+    from cadence.precision.choice import resolve_fp8_backend
 
     monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "bitsandbytes")
     with pytest.raises(ValueError, match="AO, TE, MSAMP"):
@@ -188,7 +188,7 @@ def test_ao_recipe_filter_and_config_are_used():
 def test_ao_fp8_steps_follow_bf16_within_fp8_tolerance():
     """Float8 matmuls (dynamic scaling) on the CPU through the policy's forward (bf16 autocast, fp32
     out): the losses of 8 SGD steps stay within fp8's rounding (0.2%) of a bf16 run of the same model."""
-    from cadence.precision import AutocastPrecision
+    from cadence.precision.policy import AutocastPrecision
 
     def train(policy):
         model = policy.convert_model(Stack())

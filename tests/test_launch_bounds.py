@@ -16,8 +16,8 @@ import pytest
 
 from cadence.commands.launch_args import build_launch_parser
 from cadence.commands.launch_plan import LaunchPlanError, build_plan
-from cadence.hardware import usable_cpu_count
-from cadence.launch_bounds import PROCESSES_PER_CORE
+from cadence.launch.bounds import PROCESSES_PER_CORE
+from cadence.runtime.hardware import usable_cpu_count
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 HUGE = "1" + "0" * 29

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from cadence.settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from cadence.core.settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from harness import free_port
 
 SCRIPT = textwrap.dedent(

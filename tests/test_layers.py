@@ -3,7 +3,7 @@ layer or of the layers below it, no import cycle exists inside the package (impo
 count), a deferred (function-level) import of a Cadence module says why on its line, and no function
 takes the whole Accelerator.
 
-The layers, bottom to top (ARCHITECTURE.md draws them):
+The layers, bottom to top, are declared once in `cadence._layers` (ARCHITECTURE.md draws them).
 """
 
 from __future__ import annotations
@@ -13,99 +13,13 @@ import re
 from pathlib import Path
 
 import cadence
+from cadence._layers import LAYERS as CADENCE_LAYERS
 
 PACKAGE_ROOT = Path(cadence.__file__).parent
 
-# Bottom to top. A module belongs to the first entry that is its name or a package above it.
-LAYERS: list[tuple[str, ...]] = [
-    # foundation: the launch environment, the one settings resolver, value types
-    (
-        "cadence.enums",
-        "cadence.precision_choice",
-        "cadence.settings",
-        "cadence.topology",
-        "cadence.hardware",
-        "cadence.environment",
-        "cadence.versions",
-        "cadence.availability",
-        "cadence.shared_state",
-        "cadence.unsupported",
-        "cadence.input_errors",
-        "cadence.lazy_exports",
-        "cadence.profiling",
-        "cadence.prepared",
-        "cadence.cuda_probe",
-        "cadence.xla_runtime",
-    ),
-    # option records and cross-rank diagnostics (no process state yet)
-    (
-        "cadence.diagnostics",
-        "cadence.dataclasses",
-        "cadence.plugins",
-        "cadence.parallelism_config",
-        "cadence.deepspeed_helpers",
-        "cadence.xla_spmd",
-    ),
-    # barriers, first-process blocks, triggers (given the process state, never importing it)
-    ("cadence.process_control", "cadence.process_group"),
-    # the process state: PartialState, AcceleratorState, GradientState
-    ("cadence.state", "cadence.gradient_state"),
-    # collectives over nested data and process-level utilities
-    (
-        "cadence.collectives",
-        "cadence.xla_collectives",
-        "cadence.logging",
-        "cadence.utils.random",
-        "cadence.utils.memory",
-        "cadence.utils.tqdm",
-        "cadence.memory_utils",
-    ),
-    # policies and wrappers, given what they need
-    (
-        "cadence.precision",
-        "cadence.precision_fp8",
-        "cadence.optimizer",
-        "cadence.scheduler",
-        "cadence.data",
-        "cadence.data_loader",
-        "cadence.join",
-        "cadence.model_helpers",
-        "cadence.tensor_helpers",
-        "cadence.bigmodel",
-    ),
-    # one strategy per backend, owning its precision
-    ("cadence.strategies",),
-    # storage and trackers
-    (
-        "cadence.checkpointing",
-        "cadence.tracking",
-        "cadence.constants",
-        "cadence.process_helpers",
-        "cadence.big_modeling",
-        "cadence.hooks",
-        "cadence.inference",
-    ),
-    # the façade and the launchers
-    (
-        "cadence.accelerator",
-        "cadence.launchers",
-        "cadence.rendezvous_store",
-        "cadence.launch_bounds",
-        "cadence.launch_env",
-        "cadence.fsdp_helpers",
-        "cadence.local_sgd",
-        "cadence.errors",
-    ),
-    # the CLI, the testing helpers, the public re-export namespaces
-    (
-        "cadence.commands",
-        "cadence.selftest",
-        "cadence.test_utils",
-        "cadence.utils",
-        "cadence.alias",
-        "cadence",
-    ),
-]
+# Bottom to top, read from the package (cadence/_layers.py): a module belongs to the first entry that is
+# its name or a package above it.
+LAYERS: list[tuple[str, ...]] = [members for _name, members in CADENCE_LAYERS]
 
 DEFERRED_MARK = "# deferred:"
 
@@ -130,7 +44,7 @@ def layer_of(module: str) -> int:
     if module == "cadence":
         return len(LAYERS) - 1
     raise AssertionError(
-        f"{module} is in no declared layer: add it to LAYERS (and ARCHITECTURE.md)"
+        f"{module} is in no declared layer: add it to cadence/_layers.py (and ARCHITECTURE.md)"
     )
 
 
@@ -230,7 +144,7 @@ def test_deferred_imports_of_cadence_modules_say_why():
 USER_SCRIPTS = (
     "cadence.selftest",
     "cadence.test_utils",
-    "cadence.local_sgd",
+    "cadence.accelerator.local_sgd",
     "cadence.fsdp_helpers",
     "cadence.unsupported",
 )
@@ -254,20 +168,20 @@ def test_layers_name_every_module_once():
         layer_of(module)  # raises for a module outside every layer
 
 
-# The one reader of the environment on the worker side is cadence.settings; the launch environment
+# The one reader of the environment on the worker side is cadence.core.settings; the launch environment
 # (ranks, addresses) is topology's; the launcher side (CLI, launchers, hardware probes) prepares the
 # environment of the processes it starts. Writing a variable for a library Cadence drives is allowed.
 ENVIRONMENT_READERS = (
-    "cadence.settings",
-    "cadence.environment",  # the reference's public environment helpers (patch, parse, purge)
-    "cadence.launch_env",  # the reference's launcher-side environment builders
+    "cadence.core.settings",
+    "cadence.core.environment",  # the reference's public environment helpers (patch, parse, purge)
+    "cadence.launch.env",  # the reference's launcher-side environment builders
     "cadence.test_utils",  # testing helpers and scripts, written as a user would
-    "cadence.topology",
-    "cadence.hardware",
-    "cadence.cuda_probe",
-    "cadence.launchers",
-    "cadence.launch_bounds",
-    "cadence.rendezvous_store",
+    "cadence.runtime.topology",
+    "cadence.runtime.hardware",
+    "cadence.runtime.cuda_probe",
+    "cadence.launch.launchers",
+    "cadence.launch.bounds",
+    "cadence.launch.rendezvous_store",
     "cadence.commands",
 )
 _ENV_READ = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=)")
@@ -281,7 +195,7 @@ def test_only_the_settings_resolver_reads_the_environment():
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if _ENV_READ.search(line) and not line.lstrip().startswith("#")
     ]
-    assert not readers, "read the environment through cadence.settings:\n" + "\n".join(readers)
+    assert not readers, "read the environment through cadence.core.settings:\n" + "\n".join(readers)
 
 
 def test_relative_imports_stay_inside_the_package():

@@ -54,7 +54,7 @@ def test_extract_model_recursive_unwraps_children():
 
 def test_extract_model_removes_the_fp32_wrapper_on_request():
     model = torch.nn.Linear(2, 2)
-    from cadence.precision import remove_forward_wrapper  # noqa: F401  (the wrapper Cadence adds)
+    from cadence.precision.policy import remove_forward_wrapper  # noqa: F401  (the wrapper Cadence adds)
 
     model._cadence_original_forward = model.forward
     model.forward = convert_outputs_to_fp32(model.forward)

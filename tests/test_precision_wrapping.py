@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from cadence.precision import AutocastPrecision, remove_forward_wrapper
+from cadence.precision.policy import AutocastPrecision, remove_forward_wrapper
 
 
 class Recursive(torch.nn.Module):

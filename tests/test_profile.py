@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from cadence.dataclasses import ProfileKwargs
-from cadence.profiling import build_profiler, profile
+from cadence.core.profiling import build_profiler, profile
+from cadence.options.dataclasses import ProfileKwargs
 
 
 def _work(steps: int = 1) -> None:

@@ -393,7 +393,7 @@ def _reference_launch_namespace(**overrides):
 
 
 def test_prepare_multi_gpu_env_plans_the_launch():
-    from cadence.settings import read_launch_config
+    from cadence.core.settings import read_launch_config
     from cadence.utils import prepare_multi_gpu_env
 
     args = _reference_launch_namespace()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cadence.diagnostics.signing import JOB_TOKEN_ENV, RecordSigner
-from cadence.hardware import local_address_towards
+from cadence.runtime.hardware import local_address_towards
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 

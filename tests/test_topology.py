@@ -1,6 +1,6 @@
 import pytest
 
-from cadence.topology import LaunchEnvironmentError, Topology, detect_topology
+from cadence.runtime.topology import LaunchEnvironmentError, Topology, detect_topology
 
 
 def test_no_launcher_means_one_process():

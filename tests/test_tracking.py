@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from cadence.enums import LoggerType
+from cadence.core.enums import LoggerType
 from cadence.state import reset_state
 from cadence.tracking import (
     LOGGER_TYPE_TO_CLASS,

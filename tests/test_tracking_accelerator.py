@@ -79,7 +79,7 @@ def profile_with_the_spec_handler(trace_dir):
     import torch
 
     from cadence.accelerator import Accelerator
-    from cadence.dataclasses import ProfileKwargs
+    from cadence.options.dataclasses import ProfileKwargs
 
     accelerator = Accelerator(kwargs_handlers=[ProfileKwargs(output_trace_dir=trace_dir)])
     with accelerator.profile() as profiler:

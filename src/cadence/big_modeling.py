@@ -1,4 +1,4 @@
-"""The reference's `accelerate.big_modeling` path: empty init, dispatch, CPU/disk offload (see cadence.bigmodel)."""
+"""Reference path: re-exports `cadence.bigmodel` (empty init, dispatch, CPU/disk offload) under the reference's `big_modeling` module path."""
 
 from __future__ import annotations
 

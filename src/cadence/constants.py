@@ -18,7 +18,7 @@ from .checkpointing.layout import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
-from .versions import STR_OPERATION_TO_FUNC
+from .core.versions import STR_OPERATION_TO_FUNC
 
 WEIGHTS_NAME = f"{MODEL_NAME}.bin"
 WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"

@@ -1,4 +1,4 @@
-"""`cadence.data_loader`: the names of the reference library's `data_loader` module (see cadence.data)."""
+"""Reference path: re-exports `cadence.data` under the reference's `data_loader` module path."""
 
 from .data import *  # noqa: F403
 from .data import __all__  # noqa: F401

@@ -25,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from cadence.lazy_exports import lazy_exports
+from cadence.core.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "DistributedOperationException": "cadence.diagnostics.errors",
@@ -35,11 +35,11 @@ _EXPORTS = {
     "UnsafeCheckpointError": "cadence.checkpointing.errors",
     "CheckpointCommitError": "cadence.checkpointing.errors",
     "NotCheckpointableError": "cadence.checkpointing.checkpointer",
-    "LaunchEnvironmentError": "cadence.topology",
-    "LaunchConfigError": "cadence.settings",
+    "LaunchEnvironmentError": "cadence.runtime.topology",
+    "LaunchConfigError": "cadence.core.settings",
     "LaunchPlanError": "cadence.commands.launch_settings",
     "ConfigFileError": "cadence.commands.config_file",
-    "WorkerProcessesFailed": "cadence.launchers",
+    "WorkerProcessesFailed": "cadence.launch.launchers",
 }
 
 __all__ = sorted(_EXPORTS)

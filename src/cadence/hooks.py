@@ -1,4 +1,4 @@
-"""The reference's `accelerate.hooks` path: hooks moving weights and activations (see cadence.bigmodel.hooks)."""
+"""Reference path: re-exports `cadence.bigmodel` (hooks moving weights and activations) under the reference's `hooks` module path."""
 
 from __future__ import annotations
 

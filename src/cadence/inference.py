@@ -1,4 +1,4 @@
-"""The reference's `accelerate.inference` path: pipeline-parallel inference (see cadence.bigmodel.pipeline)."""
+"""Reference path: re-exports `cadence.bigmodel` (pipeline-parallel inference) under the reference's `inference` module path."""
 
 from __future__ import annotations
 

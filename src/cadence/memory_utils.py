@@ -1,10 +1,10 @@
-"""The reference's deprecated `memory_utils` path; import from `cadence` or `cadence.utils` instead."""
+"""Reference path: re-exports `cadence.runtime.memory` under the reference's deprecated `memory_utils` module path (it warns: import from `cadence` instead)."""
 
 from __future__ import annotations
 
 import warnings
 
-from .utils.memory import find_executable_batch_size
+from .runtime.memory import find_executable_batch_size
 
 warnings.warn(
     "cadence.memory_utils is deprecated: import `find_executable_batch_size` from `cadence` "

@@ -1,4 +1,4 @@
-"""The reference's `parallelism_config` path (home: `cadence.plugins.parallelism`)."""
+"""Reference path: re-exports `cadence.plugins.parallelism` under the reference's `parallelism_config` module path."""
 
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from packaging.version import Version
 
-from .availability import is_weights_only_available
 from .checkpointing.serialization import save as _write_file
-from .model_helpers import clean_state_dict_for_safetensors
-from .state import PartialState
+from .core.availability import is_weights_only_available
+from .runtime.state import PartialState
+from .training.model_helpers import clean_state_dict_for_safetensors
 
 logger = logging.getLogger(__name__)
 

@@ -1,77 +1,11 @@
-"""AcceleratedScheduler: follows the optimizer, so a schedule written for one process lasts as many samples."""
+"""Reference path: re-exports `cadence.training.scheduler` under the reference's `scheduler` module path."""
 
 from __future__ import annotations
 
-from typing import Any
+from cadence.training.scheduler import (
+    AcceleratedScheduler,
+)
 
-from .state import AcceleratorState, GradientState
-
-
-class AcceleratedScheduler:
-    """Steps the wrapped scheduler only when its optimizers really stepped.
-
-    Without `split_batches`, each optimizer step consumes `num_processes` times more samples than on one
-    process, so the scheduler advances `num_processes` steps at a time.
-    """
-
-    def __init__(
-        self,
-        scheduler: Any,
-        optimizers: Any,
-        step_with_optimizer: bool = True,
-        split_batches: bool = False,
-        *,
-        num_processes: int | None = None,
-        gradient_state: GradientState | None = None,
-    ) -> None:
-        """`num_processes` and `gradient_state` default to the process state's (the Accelerator passes them)."""
-        self.scheduler = scheduler
-        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
-        self.split_batches = split_batches
-        self.step_with_optimizer = step_with_optimizer
-        self.num_processes = (
-            num_processes if num_processes is not None else AcceleratorState().num_processes
-        )
-        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """Advance the schedule after a real optimizer step (once per process w/o split_batches)."""
-        if not self.step_with_optimizer:
-            self.scheduler.step(*args, **kwargs)
-            return
-        if not self.gradient_state.sync_gradients:
-            if self.gradient_state.adjust_scheduler:
-                self.scheduler._step_count += 1
-            return
-        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
-            return
-        repeats = 1 if self.split_batches else self.num_processes
-        total_steps = getattr(self.scheduler, "total_steps", None)
-        for _ in range(repeats):
-            # OneCycleLR raises past its last step; the reference stops there instead.
-            if total_steps is not None and self.scheduler._step_count > total_steps:
-                break
-            self.scheduler.step(*args, **kwargs)
-
-    def get_last_lr(self) -> list[float]:
-        """The learning rates last computed by the wrapped scheduler."""
-        return self.scheduler.get_last_lr()
-
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped scheduler's state dict."""
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict into the wrapped scheduler."""
-        self.scheduler.load_state_dict(state_dict)
-
-    def get_lr(self) -> Any:
-        """The wrapped scheduler's `get_lr()`."""
-        return self.scheduler.get_lr()
-
-    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
-        """Forward to the wrapped scheduler's `print_lr`."""
-        return self.scheduler.print_lr(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"AcceleratedScheduler({self.scheduler!r})"
+__all__ = [
+    "AcceleratedScheduler",
+]

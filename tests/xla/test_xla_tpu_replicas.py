@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from cadence import xla_runtime
+from cadence.xla import runtime as xla_runtime
 
 pytestmark = [
     pytest.mark.xla,

@@ -5,7 +5,16 @@ import the configuration classes next to the Accelerator (`from accelerate.accel
 Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin`): those names are re-exported here.
 """
 
-from ..dataclasses import (
+from ..core.enums import (
+    DistributedType,
+    DynamoBackend,
+    FP8BackendType,
+    LoggerType,
+    PrecisionType,
+    RNGType,
+)
+from ..core.lazy_exports import lazy_exports
+from ..options.dataclasses import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -21,21 +30,17 @@ from ..dataclasses import (
     TERecipeKwargs,
     TorchDynamoPlugin,
 )
-from ..enums import (
-    DistributedType,
-    DynamoBackend,
-    FP8BackendType,
-    LoggerType,
-    PrecisionType,
-    RNGType,
-)
-from ..gradient_state import GradientState
-from ..plugins.deepspeed import DeepSpeedPlugin
-from ..plugins.fsdp import FullyShardedDataParallelPlugin
-from ..plugins.megatron import MegatronLMPlugin
-from ..plugins.parallelism import TorchTensorParallelPlugin
-from ..state import AcceleratorState, PartialState
+from ..runtime.gradient_state import GradientState
+from ..runtime.state import AcceleratorState, PartialState
 from .facade import Accelerator
+
+# The backend plugins load on first use of their name (most scripts never name one).
+_EXPORTS = {
+    "DeepSpeedPlugin": "cadence.plugins.deepspeed",
+    "FullyShardedDataParallelPlugin": "cadence.plugins.fsdp",
+    "MegatronLMPlugin": "cadence.plugins.megatron",
+    "TorchTensorParallelPlugin": "cadence.plugins.parallelism",
+}
 
 __all__ = [
     "AORecipeKwargs",
@@ -67,3 +72,11 @@ __all__ = [
     "TorchDynamoPlugin",
     "TorchTensorParallelPlugin",
 ]
+
+_lazy_getattr, _lazy_dir = lazy_exports(__name__, _EXPORTS)
+__getattr__ = _lazy_getattr
+
+
+def __dir__() -> list[str]:
+    """The eager names and the plugins loaded on first use."""
+    return sorted(set(globals()) | set(_EXPORTS))

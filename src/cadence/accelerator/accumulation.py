@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from ..core.input_errors import with_rank
+from ..core.prepared import PreparedObjects
 from ..diagnostics.ledger import ledger
-from ..input_errors import with_rank
-from ..prepared import PreparedObjects
-from ..state import GradientState
+from ..runtime.state import GradientState
 from ..strategies import Strategy
 
 

@@ -8,7 +8,6 @@ the `PreparedObjects` record they share. No component receives the Accelerator.
 
 from __future__ import annotations
 
-import functools
 import os
 from contextlib import contextmanager
 from datetime import timedelta
@@ -16,21 +15,23 @@ from typing import Any
 
 import torch
 
-from .. import collectives as ops
-from ..bigmodel.training_checks import offloaded_state_dict, verify_device_map
-from ..checkpointing.checkpointer import Checkpointer
-from ..dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
-from ..enums import FP8BackendType
-from ..join import join_uneven_inputs
+from ..core.enums import FP8BackendType
+from ..core.prepared import PreparedObjects
+from ..core.profiling import profile
+from ..core.settings import describe, read_launch_config
+from ..options.dataclasses import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
 from ..plugins.resolve import setup_device_mesh
-from ..precision import Precision, PrecisionRequest, remove_forward_wrapper
-from ..prepared import PreparedObjects
-from ..profiling import profile
-from ..settings import describe, read_launch_config
-from ..state import AcceleratorState, GradientState
+from ..precision.policy import Precision, PrecisionRequest, remove_forward_wrapper
+from ..runtime import collectives as ops
+from ..runtime.state import AcceleratorState, GradientState
 from ..strategies import StrategyContext, select_strategy
 from ..tracking import TrackerHub
 from .accumulation import GradientAccumulation
+from .checkpoint_methods import CheckpointMethods
 from .preparation import Preparer
 from .settings import AcceleratorSettings, fp8_recipe_handler
 from .stop_on_notice import arm_stop_on_notice
@@ -39,7 +40,7 @@ from .weak_callback import weakly as _weakly
 _SPLIT_BATCHES_UNSET = object()
 
 
-class Accelerator:
+class Accelerator(CheckpointMethods):
     """Creates the distributed set-up (or adopts the one already there) and prepares training objects.
 
     Example::
@@ -176,19 +177,8 @@ class Accelerator:
         self._accumulation = GradientAccumulation(
             self._strategy, self._prepared, self.gradient_state
         )
-        self._checkpointer = Checkpointer(
-            self._strategy,
-            self._prepared,
-            settings.project_config,
-            process_index=self.process_index,
-            local_process_index=self.local_process_index,
-            num_processes=self.num_processes,
-            wait_for_everyone=_weakly(self, "wait_for_everyone"),
-            get_step=functools.partial(getattr, self._accumulation, "step"),
-            set_step=functools.partial(setattr, self._accumulation, "step"),
-            state_dict=_weakly(self, "get_state_dict"),
-        )
-        arm_stop_on_notice(_weakly(self, "save_state"), self._checkpointer.wait_for_async_save,
+        # The Checkpointer (and checkpoint storage with it) is built on first use: see _checkpointer.
+        arm_stop_on_notice(_weakly(self, "save_state"), _weakly(self, "_wait_for_async_save"),
                            settings.project_config, self.process_index, self.num_processes)  # fmt: skip
 
     # -- the state, as attributes -----------------------------------------------------------------
@@ -248,7 +238,9 @@ class Accelerator:
             raise TypeError(
                 f"project_configuration must be a ProjectConfiguration, got {type(config).__name__}."
             )
-        self._project_configuration = self._checkpointer.project_config = config
+        self._project_configuration = config
+        if "_checkpointer" in self.__dict__:  # already built: it follows
+            self._checkpointer.project_config = config
 
     @property
     def precision(self) -> Precision:
@@ -367,13 +359,19 @@ class Accelerator:
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The model's state dict. Sharded models (FSDP, tensor parallel, ZeRO-3) are gathered whole
         on the main process, on CPU; the other processes may get an empty dict. Collective there."""
+        from ..bigmodel.training_checks import (  # deferred: big-model support loads when a state dict is taken
+            offloaded_state_dict,
+        )
+
         # A model dispatched with CPU/disk offload: onload its weights module by module.
         offloaded = offloaded_state_dict(self.unwrap_model(model) if unwrap else model)
         return offloaded if offloaded is not None else self._strategy.state_dict(model, unwrap)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """Whether `model` was dispatched over devices with a device map (big-model inference)."""
-        return verify_device_map(model)
+        from ..bigmodel import training_checks  # deferred: big-model support loads when first asked
+
+        return training_checks.verify_device_map(model)
 
     # -- the training loop ------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -434,6 +432,7 @@ class Accelerator:
     @contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None):
         """Let DDP ranks run different numbers of batches (torch's Join) when even_batches is off."""
+        from ..training.join import join_uneven_inputs  # deferred: torch's Join, loaded when used
 
         with join_uneven_inputs(
             joinables,
@@ -470,7 +469,7 @@ class Accelerator:
         """Alias of free_memory."""
         return self.free_memory(*objects)
 
-    # -- execution control and collectives (the process state and cadence.collectives) --------------------
+    # -- execution control and collectives (the process state and cadence.runtime.collectives) --------------------
     def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
         """Block until every process reaches this point (nothing happens on one process)."""
         self.state.partial_state.wait_for_everyone(timeout)
@@ -564,7 +563,8 @@ class Accelerator:
     def end_training(self) -> None:
         """Finish the trackers, wait for pending checkpoint writes, and destroy the process group."""
         self._tracker_hub.end_training()
-        self._checkpointer.wait_for_async_save()
+        if "_checkpointer" in self.__dict__:  # nothing to wait for when nothing was saved
+            self._checkpointer.wait_for_async_save()
         self.state.destroy_process_group()
 
     @contextmanager
@@ -573,55 +573,3 @@ class Accelerator:
 
         with profile(profile_handler or self.profile_handler, self.state) as profiler:
             yield profiler
-
-    # -- checkpoints (the Checkpointer) -------------------------------------------------------------
-    def save_state(
-        self,
-        output_dir: str | os.PathLike | None = None,
-        safe_serialization: bool = True,
-        **kwargs: Any,
-    ) -> str:
-        """Save models, optimizers, schedulers, scaler, RNG states, dataloader positions and registered
-        objects into one atomically committed folder; returns its path.
-
-        With ProjectConfiguration(automatic_checkpoint_naming=True) the folder is
-        `project_dir/checkpoints/checkpoint_<i>` and `total_limit` keeps the newest ones. Pass
-        `async_save=True` to write in the background (the next save, load or end_training waits).
-        """
-        return self._checkpointer.save_state(output_dir, safe_serialization, **kwargs)
-
-    def load_state(
-        self,
-        input_dir: str | os.PathLike | None = None,
-        load_kwargs: dict | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Restore everything save_state wrote, after verifying the whole checkpoint (the newest complete
-        one when `input_dir` is None). Files holding pickles load only with `allow_pickle=True`."""
-        self._checkpointer.load_state(input_dir, load_kwargs, **kwargs)
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and load these objects (anything with state_dict / load_state_dict) with the state."""
-        self._checkpointer.register(objects)
-
-    def register_save_state_pre_hook(self, hook: Any) -> Any:
-        """`hook(models, weights, output_dir)` runs before save_state writes; returns a removable handle."""
-        return self._prepared.register_hook(self._prepared.save_state_pre_hooks, hook)
-
-    def register_load_state_pre_hook(self, hook: Any) -> Any:
-        """`hook(models, input_dir)` runs before load_state loads; returns a removable handle."""
-        return self._prepared.register_hook(self._prepared.load_state_pre_hooks, hook)
-
-    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        """`torch.save` (or safetensors) on the main process only, or once per machine with save_on_each_node."""
-        self._checkpointer.save(obj, f, safe_serialization)
-
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str | os.PathLike,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write the model's weights as (sharded) safetensors with an index, for load_checkpoint_in_model."""
-        self._checkpointer.save_model(model, save_directory, max_shard_size, safe_serialization)

@@ -12,22 +12,16 @@ from typing import Any
 
 import torch
 
-from ..availability import is_bitsandbytes_multi_backend_available, is_xpu_available
-from ..bigmodel.training_checks import (
-    check_model_is_trainable,
-    check_quantized_model_placement,
-    is_quantized_with_device_map,
-    verify_device_map,
-)
-from ..dataclasses import DataLoaderConfiguration
-from ..enums import DynamoBackend
-from ..input_errors import rank_named_errors, with_rank
-from ..optimizer import AcceleratedOptimizer
+from ..core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available
+from ..core.enums import DynamoBackend
+from ..core.input_errors import rank_named_errors, with_rank
+from ..core.prepared import PreparedObjects
+from ..options.dataclasses import DataLoaderConfiguration
 from ..plugins.parallelism import data_parallel_coordinates
-from ..prepared import PreparedObjects
-from ..scheduler import AcceleratedScheduler
-from ..state import GradientState
+from ..runtime.state import GradientState
 from ..strategies import Strategy
+from ..training.optimizer import AcceleratedOptimizer
+from ..training.scheduler import AcceleratedScheduler
 
 _PREPARABLE_KINDS = ("dataloader", "model", "optimizer", "scheduler")
 
@@ -173,6 +167,10 @@ class Preparer:
         """Prepare dataloaders and models first, then optimizers, then schedulers (which wrap optimizers).
 
         Every argument is checked before any is prepared, so a bad one leaves the others untouched."""
+        from ..bigmodel.training_checks import (  # deferred: big-model checks load at the first prepare
+            check_model_is_trainable,
+        )
+
         placements = _placements(device_placement, len(args))
         for position, obj in enumerate(args):
             check_preparable(obj, position)
@@ -218,6 +216,13 @@ class Preparer:
         existing = self._already_prepared(model)
         if existing is not None:
             return existing
+        from ..bigmodel.training_checks import (  # deferred: big-model checks load at the first prepare
+            check_model_is_trainable,
+            check_quantized_model_placement,
+            is_quantized_with_device_map,
+            verify_device_map,
+        )
+
         model = self.strategy.precision.convert_model(model)  # fp8: float8 linears, before wrapping
         check_model_is_trainable(model, self.strategy.context.distributed_type)
         check_quantized_model_placement(

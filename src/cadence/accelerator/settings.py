@@ -10,24 +10,24 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..dataclasses import (
+from ..core.enums import DynamoBackend, RNGType
+from ..core.input_errors import rank_named_errors
+from ..core.settings import Resolved, resolve, resolve_flag
+from ..options.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     KwargsHandler,
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from ..enums import DynamoBackend, RNGType
-from ..input_errors import rank_named_errors
 from ..plugins.resolve import resolve_parallel_plugins
-from ..precision_choice import (
+from ..precision.choice import (
     FP8_HANDLER_BACKENDS,
     check_precision_supported,
     fp8_handler_backend,
     parse_mixed_precision,
 )
-from ..settings import Resolved, resolve, resolve_flag
-from ..xla_runtime import xla_requested
+from ..xla.runtime import xla_requested
 
 # Constructor arguments of older releases that still reach us through user scripts.
 _DATALOADER_ALIASES = ("dispatch_batches", "even_batches", "use_seedable_sampler")

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..core.settings import env_text
 from ..diagnostics.stop_notice import RESUME_EXIT_CODE, notice
 from ..diagnostics.watchdog import active_watchdog
-from ..settings import env_text
 
 
 def _elastic_launch() -> bool:

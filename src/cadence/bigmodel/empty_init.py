@@ -9,7 +9,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ..settings import env_bool
+from ..core.settings import env_bool
 
 
 def _include_buffers_default() -> bool:

@@ -14,8 +14,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from ..collectives import send_to_device
-from ..state import PartialState
+from ..runtime.collectives import send_to_device
+from ..runtime.state import PartialState
 from .sizes import get_non_persistent_buffers, named_module_tensors
 from .tensors import set_module_tensor_to_device, to_torch_device
 

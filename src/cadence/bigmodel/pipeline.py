@@ -15,8 +15,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from ..collectives import send_to_device
-from ..state import PartialState
+from ..runtime.collectives import send_to_device
+from ..runtime.state import PartialState
 from .device_map import infer_auto_device_map
 from .sizes import calculate_maximum_sizes
 

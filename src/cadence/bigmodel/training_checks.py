@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..settings import env_text
+from ..core.settings import env_text
 from .tensors import get_state_dict_offloaded_model, has_offloaded_params
 
 DEVICE_MAP_TRAINING_ERROR = (

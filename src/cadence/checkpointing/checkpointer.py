@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..collectives import gather_object
-from ..dataclasses import ProjectConfiguration
+from ..core.prepared import PreparedObjects
 from ..diagnostics.stop_notice import say_resumed
-from ..prepared import PreparedObjects
+from ..options.dataclasses import ProjectConfiguration
+from ..runtime.collectives import gather_object
 from ..strategies import Strategy
 from .async_writer import (
     AsyncCheckpointSaver,

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..settings import env_text
+from ..core.settings import env_text
 from .layout import custom_state_file
 from .serialization import load, save
 

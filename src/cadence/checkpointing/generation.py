@@ -16,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..core.settings import env_text
 from ..diagnostics.generation_env import GENERATION_ENV
-from ..settings import env_text
 
 GENERATION_FILE = ".cadence-generation"
 SUPERSEDED_EXIT_CODE = 76

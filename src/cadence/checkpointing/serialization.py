@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import xla_runtime
+from ..xla import runtime as xla_runtime
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError, UnsafeCheckpointError
 from .safe_io import buffer_view

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..settings import env_bool, env_text
+from ..core.settings import env_bool, env_text
 from .errors import CheckpointError
 
 LOCK_NAME = ".cadence-writer.lock"

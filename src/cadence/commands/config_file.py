@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..hardware import visible_gpu_count
-from ..precision_choice import MIXED_PRECISION_CHOICES
+from ..precision.choice import MIXED_PRECISION_CHOICES
+from ..runtime.hardware import visible_gpu_count
 
 LOCAL_MACHINE = "LOCAL_MACHINE"
 AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .. import hardware
+from ..runtime import hardware
 from .config_file import ClusterConfig
 from .launch_args import (
     DEEPSPEED_OFFLOAD_DEVICES,

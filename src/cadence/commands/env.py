@@ -8,7 +8,7 @@ import shutil
 import sys
 from typing import Any
 
-from ..hardware import usable_cpu_count, visible_gpu_count
+from ..runtime.hardware import usable_cpu_count, visible_gpu_count
 from .config_file import ConfigFileError, default_config_path, load_config_from_file
 
 

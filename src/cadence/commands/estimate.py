@@ -24,7 +24,7 @@ def verify_on_hub(repo: str, token: str | None = None) -> Any:
 
 def check_has_model(error: BaseException) -> str:
     """Which library ("timm", "transformers" or "unknown") raised `error` for a model it lacks."""
-    from ..availability import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..core.availability import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         is_timm_available,
         is_transformers_available,
     )
@@ -278,9 +278,7 @@ def gather_data(args: argparse.Namespace) -> list[list[Any]]:
 def estimate_command(args: argparse.Namespace) -> None:
     """Print the memory table for `args.model_name`: per dtype, the largest layer, the whole model,
     and the peak of a training step with Adam ("N/A" where it is not estimated)."""
-    from ..model_helpers import (  # deferred: loaded when the command runs
-        convert_bytes,
-    )
+    from ..training.model_helpers import convert_bytes  # deferred: loaded when the command runs
 
     rows = []
     for dtype, largest, total, training in gather_data(args):

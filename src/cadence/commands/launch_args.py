@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from ..precision_choice import MIXED_PRECISION_CHOICES
+from ..precision.choice import MIXED_PRECISION_CHOICES
 
 DYNAMO_BACKENDS = (
     "no",

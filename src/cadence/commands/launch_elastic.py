@@ -13,7 +13,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from .. import hardware
+from ..runtime import hardware
 from .launch_settings import DEFAULT, FLAG, LaunchPlanError, Setting
 
 # Rendezvous settings of an elastic launch (seconds): a node is declared dead after 3 missed 1-s

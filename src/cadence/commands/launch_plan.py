@@ -1,7 +1,7 @@
 """Turn `cadence launch` flags, environment and config file into one validated launch plan.
 
 The plan says where each value came from (see `launch_settings`), holds the settings record the workers
-receive (`cadence.settings`), their environment, and the exact `torch.distributed.run` arguments.
+receive (`cadence.core.settings`), their environment, and the exact `torch.distributed.run` arguments.
 Building a plan starts nothing; it imports torch only to count GPUs on a machine with a GPU driver.
 All problems are collected and reported together in one LaunchPlanError.
 """
@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import hardware, launch_bounds
-from ..cuda_probe import cuda_compute_capability
-from ..precision_choice import check_precision_supported
+from ..launch import bounds as launch_bounds
+from ..precision.choice import check_precision_supported
+from ..runtime import hardware
+from ..runtime.cuda_probe import cuda_compute_capability
 from . import config_file as config_files
 from .launch_args import (
     DEEPSPEED_MULTINODE_LAUNCHERS,

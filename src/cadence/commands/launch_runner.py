@@ -137,7 +137,7 @@ def _run_elastic(plan: LaunchPlan) -> int:
     host = _store_host(plan)
     if host is None:
         return _run_elastic_agent(plan)
-    from ..rendezvous_store import store_bound_to  # deferred: imports torch.distributed
+    from ..launch.rendezvous_store import store_bound_to  # deferred: imports torch.distributed
 
     port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
     local_nodes = plan.elastic and is_loopback(host)  # several local elastic "nodes"

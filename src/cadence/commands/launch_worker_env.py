@@ -1,4 +1,4 @@
-"""What the workers of a launch plan receive: the launch record (`cadence.settings`) and their
+"""What the workers of a launch plan receive: the launch record (`cadence.core.settings`) and their
 environment variables."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import hardware
-from ..settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from ..core.settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from ..runtime import hardware
 from .launch_elastic import elastic_worker_env
 from .launch_settings import CONFIG, DEEPSPEED_SETTINGS, FSDP_SETTINGS
 
 
 def launch_record(plan: Any) -> dict[str, Any]:
-    """The settings record every worker reads (`cadence.settings`), from the resolved `plan`."""
+    """The settings record every worker reads (`cadence.core.settings`), from the resolved `plan`."""
     value = plan.value
     record: dict[str, Any] = {
         # An elastic job's world size changes with its nodes: the workers take it from torch elastic.

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import xla_runtime
-from ..precision_choice import check_precision_supported
-from ..settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from ..core.settings import LAUNCH_CONFIG_ENV, encode_launch_config
+from ..precision.choice import check_precision_supported
+from ..xla import runtime as xla_runtime
 from .launch_settings import LaunchPlanError, read_config
 
 XLA_WORKER_MODULE = "cadence.commands.xla_worker"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..launch_env import PrepareForLaunch
+from ..launch.env import PrepareForLaunch
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

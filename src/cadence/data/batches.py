@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..collectives import recursively_apply, send_to_device
+from ..runtime.collectives import recursively_apply, send_to_device
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..collectives import recursively_apply, send_to_device
+from ..runtime.collectives import recursively_apply, send_to_device
 from .batches import device_mover
 
 

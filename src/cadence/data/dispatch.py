@@ -13,13 +13,9 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..collectives import (
-    broadcast,
-    broadcast_object_list,
-    send_to_device,
-)
 from ..diagnostics.stop_notice import notice as stop_notice
-from ..state import PartialState
+from ..runtime.collectives import broadcast, broadcast_object_list, send_to_device
+from ..runtime.state import PartialState
 from .batches import get_data_structure, initialize_tensors
 from .loaders import _EXHAUSTED, DataLoaderAdapter, DataLoaderStateMixin
 from .mixed_batches import (

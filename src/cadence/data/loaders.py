@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader
 
 from ..diagnostics.stop_notice import notice as stop_notice
-from ..state import GradientState
-from ..utils.random import synchronize_rng_states
+from ..runtime.random import synchronize_rng_states
+from ..runtime.state import GradientState
 from .device_prefetch import batch_transfer, pin_memory_kwargs
 from .elastic import SourceResumeSkip
 from .position import (

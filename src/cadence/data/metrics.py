@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..collectives import gather, gather_object, recursively_apply
-from ..state import GradientState
+from ..runtime.collectives import gather, gather_object, recursively_apply
+from ..runtime.state import GradientState
 
 
 def _holds_only_tensors(data: Any) -> bool:

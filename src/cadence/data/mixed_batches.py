@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..collectives import honor_type
+from ..runtime.collectives import honor_type
 
 
 class PerPart:

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from ..collectives import broadcast_object_list
-from ..enums import DistributedType, RNGType
-from ..input_errors import rank_named_errors
+from ..core.enums import DistributedType, RNGType
+from ..core.input_errors import rank_named_errors
 from ..plugins.parallelism import mesh_data_parallel_coordinates
-from ..state import PartialState
+from ..runtime.collectives import broadcast_object_list
+from ..runtime.state import PartialState
 from .dispatch import DataLoaderDispatcher
 from .loaders import DataLoaderShard
 from .samplers import SeedableRandomSampler, default_generator_device, get_sampler

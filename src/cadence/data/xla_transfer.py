@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .. import xla_runtime
-from ..collectives import recursively_apply
+from ..runtime.collectives import recursively_apply
+from ..xla import runtime as xla_runtime
 
 
 def _sharder() -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..settings import env_text
+from ..core.settings import env_text
 from .generation_env import GENERATION_ENV
 from .signing import RecordSigner
 

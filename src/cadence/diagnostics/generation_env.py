@@ -8,7 +8,7 @@ refuses writes from an older one.
 
 from __future__ import annotations
 
-from ..settings import env_text
+from ..core.settings import env_text
 
 GENERATION_ENV = "CADENCE_RESTART_GENERATION"
 

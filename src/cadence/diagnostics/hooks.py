@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..settings import resolve_flag
+from ..core.settings import resolve_flag
 from . import stopping
 from .callsite import describe_frame, is_user_file
 from .stopping import describe_reason, write_error_file

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ..settings import env_bool
+from ..core.settings import env_bool
 from .callsite import caller_outside_cadence, describe_frame, user_call_site
 from .signature import describe_inputs
 

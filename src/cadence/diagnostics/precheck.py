@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..settings import env_bool
+from ..core.settings import env_bool
 from .errors import DistributedOperationException
 from .signature import describe_inputs, operation_code, signature_hash
 

@@ -19,7 +19,7 @@ import hmac
 import logging
 import secrets
 
-from ..settings import env_text
+from ..core.settings import env_text
 
 JOB_TOKEN_ENV = "CADENCE_JOB_TOKEN"
 # A token shorter than this is too easy to guess; launchers generate 64 hex characters.

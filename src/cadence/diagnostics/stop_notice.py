@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..settings import env_text, resolve
+from ..core.settings import env_text, resolve
 from .generation_env import GENERATION_ENV
 
 # "Stopped on notice after committing a checkpoint: start me again to resume" (EX_TEMPFAIL).

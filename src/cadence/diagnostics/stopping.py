@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from ..settings import env_text
+from ..core.settings import env_text
 
 STOP_EXIT_CODE = 1
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"

@@ -5,7 +5,7 @@ Names resolve on first use, so importing `cadence.plugins` does not import torch
 
 from __future__ import annotations
 
-from cadence.lazy_exports import lazy_exports
+from cadence.core.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "FullyShardedDataParallelPlugin": "cadence.plugins.fsdp",

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..settings import parse_bool as as_bool
-from ..settings import plugin_env_bool, plugin_env_text
+from ..core.settings import parse_bool as as_bool
+from ..core.settings import plugin_env_bool, plugin_env_text
 from .fsdp import find_module_class
 
 # Plugin field -> dotted key of the DeepSpeed config that it mirrors.

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from ..input_errors import rank_prefix
-from ..settings import parse_bool as as_bool
-from ..settings import plugin_env_bool, plugin_env_text
+from ..core.input_errors import rank_prefix
+from ..core.settings import parse_bool as as_bool
+from ..core.settings import plugin_env_bool, plugin_env_text
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..enums import DistributedType
-from ..settings import plugin_env_text, resolve_flag
+from ..core.enums import DistributedType
+from ..core.settings import plugin_env_text, resolve_flag
 
 # Outermost dimension first: replicas, then shards, then the dimensions whose ranks see the same batch.
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")

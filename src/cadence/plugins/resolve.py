@@ -10,8 +10,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from ..enums import DistributedType
-from ..settings import resolve_flag
+from ..core.enums import DistributedType
+from ..core.settings import resolve_flag
 
 
 @dataclass

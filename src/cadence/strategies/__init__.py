@@ -5,10 +5,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from ..enums import DistributedType
-from ..precision import (
+from ..core.enums import DistributedType
+from ..core.prepared import PreparedObjects
+from ..precision.choice import fp8_handler_backend
+from ..precision.policy import (
     AutocastPrecision,
     EnginePrecision,
     Precision,
@@ -16,12 +20,12 @@ from ..precision import (
     ShardedAutocastPrecision,
     check_precision_supported,
 )
-from ..precision_choice import fp8_handler_backend
-from ..precision_fp8 import Float8Precision
-from ..prepared import PreparedObjects
-from ..state import GradientState
+from ..runtime.state import GradientState
 from .base import Strategy
 from .context import StrategyContext
+
+if TYPE_CHECKING:
+    from ..precision.fp8 import Float8Precision
 
 __all__ = ["Strategy", "StrategyContext", "select_strategy", "select_precision"]
 
@@ -56,6 +60,8 @@ def select_precision(context: StrategyContext, request: PrecisionRequest) -> Pre
 
 
 def _float8_precision(context: StrategyContext, request: PrecisionRequest) -> Float8Precision:
+    from ..precision.fp8 import Float8Precision  # deferred: FP8 conversion loads only for fp8
+
     fsdp = context.distributed_type == DistributedType.FSDP
     fsdp2 = fsdp and context.fsdp_plugin.fsdp_version == 2
     policy = Float8Precision.build_fp8(request, context.device, fsdp2=fsdp2)

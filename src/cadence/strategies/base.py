@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..precision import Precision
-from ..prepared import PreparedObjects
+from ..core.prepared import PreparedObjects
+from ..precision.policy import Precision
 from .context import StrategyContext
 
 

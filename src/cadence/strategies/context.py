@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..enums import DistributedType
+from ..core.enums import DistributedType
 
 
 @dataclass(frozen=True)

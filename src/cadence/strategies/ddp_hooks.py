@@ -5,7 +5,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..enums import DDPCommunicationHookType
+from ..core.enums import DDPCommunicationHookType
 
 
 def _compress_hook(dtype: torch.dtype):

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..core.settings import env_bool
 from ..plugins.deepspeed import deepspeed_missing_error
-from ..scheduler import AcceleratedScheduler
-from ..settings import env_bool
-from ..state import GradientState
-from ..topology import detect_topology
+from ..runtime.state import GradientState
+from ..runtime.topology import detect_topology
+from ..training.scheduler import AcceleratedScheduler
 from .base import Strategy
 from .deepspeed_engine import build_engine
 from .deepspeed_wrappers import (  # noqa: F401  (public names of this module in the reference)

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ..plugins.deepspeed import DummyOptim, DummyScheduler
-from ..scheduler import AcceleratedScheduler
-from ..state import GradientState
+from ..runtime.state import GradientState
+from ..training.scheduler import AcceleratedScheduler
 from .context import StrategyContext
 from .deepspeed_wrappers import (
     DeepSpeedOptimizerWrapper,

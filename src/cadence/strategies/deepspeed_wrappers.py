@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from ..optimizer import AcceleratedOptimizer
-from ..scheduler import AcceleratedScheduler
+from ..training.optimizer import AcceleratedOptimizer
+from ..training.scheduler import AcceleratedScheduler
 
 
 class DeepSpeedEngineWrapper:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..input_errors import rank_prefix
+from ..core.input_errors import rank_prefix
 from .context import StrategyContext
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..optimizer import AcceleratedOptimizer
+from ..training.optimizer import AcceleratedOptimizer
 
 MODEL_DIR = "pytorch_model_fsdp_{index}"
 OPTIMIZER_DIR = "optimizer_{index}"

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from .. import xla_runtime
-from ..precision import Precision
-from ..prepared import PreparedObjects
-from ..xla_spmd import SpmdPlan, spmd_plan
+from ..core.prepared import PreparedObjects
+from ..precision.policy import Precision
+from ..xla import runtime as xla_runtime
+from ..xla.spmd import SpmdPlan, spmd_plan
 from .base import Strategy
 from .context import StrategyContext
 

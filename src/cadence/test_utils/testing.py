@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..availability import (
+from ..core.availability import (
     is_aim_available,
     is_bnb_available,
     is_clearml_available,
@@ -59,10 +59,10 @@ from ..availability import (
     is_wandb_available,
     is_xpu_available,
 )
-from ..collectives import gather
-from ..environment import check_cuda_fp8_capability, str_to_bool
-from ..state import AcceleratorState, GradientState
-from ..versions import is_torch_version
+from ..core.environment import check_cuda_fp8_capability, str_to_bool
+from ..core.versions import is_torch_version
+from ..runtime.collectives import gather
+from ..runtime.state import AcceleratorState, GradientState
 from .subprocesses import SubprocessCallException as SubprocessCallException
 from .subprocesses import assert_exception as assert_exception
 from .subprocesses import capture_call_output as capture_call_output

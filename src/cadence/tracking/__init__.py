@@ -1,26 +1,33 @@
 """Experiment tracking: `GeneralTracker`, one tracker class per library, and `log_with` resolution.
 
-Each tracker imports its library only when a run starts, so importing this package is cheap.
+Each tracker imports its library only when a run starts, and each tracker module is imported on first
+use of its name, so importing this package (which every `Accelerator` does) is cheap.
 """
 
-from .aim import AimTracker
-from .base import GeneralTracker, NoOpTracker, on_main_process
-from .clearml import ClearMLTracker
-from .comet_ml import CometMLTracker
-from .dvclive import DVCLiveTracker
-from .hub import TrackerHub
-from .mlflow import MLflowTracker
-from .registry import (
-    LOGGER_TYPE_TO_CLASS,
-    filter_trackers,
-    get_available_trackers,
-    is_tracker_available,
-    register_tracker_class,
-)
-from .swanlab import SwanLabTracker
-from .tensorboard import TensorBoardTracker
-from .trackio import TrackioTracker
-from .wandb import WandBTracker
+from __future__ import annotations
+
+from ..core.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "AimTracker": "cadence.tracking.aim",
+    "ClearMLTracker": "cadence.tracking.clearml",
+    "CometMLTracker": "cadence.tracking.comet_ml",
+    "DVCLiveTracker": "cadence.tracking.dvclive",
+    "GeneralTracker": "cadence.tracking.base",
+    "NoOpTracker": "cadence.tracking.base",
+    "on_main_process": "cadence.tracking.base",
+    "TrackerHub": "cadence.tracking.hub",
+    "MLflowTracker": "cadence.tracking.mlflow",
+    "LOGGER_TYPE_TO_CLASS": "cadence.tracking.registry",
+    "filter_trackers": "cadence.tracking.registry",
+    "get_available_trackers": "cadence.tracking.registry",
+    "is_tracker_available": "cadence.tracking.registry",
+    "register_tracker_class": "cadence.tracking.registry",
+    "SwanLabTracker": "cadence.tracking.swanlab",
+    "TensorBoardTracker": "cadence.tracking.tensorboard",
+    "TrackioTracker": "cadence.tracking.trackio",
+    "WandBTracker": "cadence.tracking.wandb",
+}
 
 __all__ = [
     "LOGGER_TYPE_TO_CLASS",
@@ -42,3 +49,5 @@ __all__ = [
     "on_main_process",
     "register_tracker_class",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..state import PartialState
+from ..runtime.state import PartialState
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..settings import env_text
+from ..core.settings import env_text
 from .base import GeneralTracker, on_main_process
 from .values import plain_values, storable_config, warn_dropped
 

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .base import GeneralTracker, NoOpTracker, is_main_process
-from .registry import LOGGER_TYPE_TO_CLASS, filter_trackers
 
 LoggingDir = str | os.PathLike | None
 
@@ -28,7 +27,11 @@ class TrackerHub:
 
     def __init__(self, log_with: Any, logging_dir: LoggingDir | Callable[[], LoggingDir] = None):
         self._logging_dir = logging_dir
-        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self.log_with: list[Any] = []
+        if log_with is not None:  # the tracker classes load only when trackers are asked for
+            from .registry import filter_trackers  # deferred: tracker classes load with log_with
+
+            self.log_with = filter_trackers(log_with, self.logging_dir)
         if log_with is not None and not self.log_with:
             warnings.warn(
                 f"log_with={log_with!r} was passed but none of its trackers is installed: "
@@ -80,6 +83,8 @@ class TrackerHub:
         if isinstance(entry, GeneralTracker):
             return entry  # the user built it already
         name = str(entry)
+        from .registry import LOGGER_TYPE_TO_CLASS  # deferred: tracker classes load with log_with
+
         tracker_class = LOGGER_TYPE_TO_CLASS[name]
         if not main and tracker_class.main_process_only:
             return None

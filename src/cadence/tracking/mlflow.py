@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import Any
 
-from ..settings import env_text, parse_bool
+from ..core.settings import env_text, parse_bool
 from .base import GeneralTracker, on_main_process
 from .values import plain_number, plain_values, warn_dropped
 

@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import Any
 
-from ..enums import LoggerType
+from ..core.enums import LoggerType
 from .aim import AimTracker
 from .base import GeneralTracker
 from .clearml import ClearMLTracker

@@ -1,8 +1,8 @@
-"""The reference's `utils.ao` path (home: `cadence.precision_fp8`)."""
+"""The reference's `utils.ao` path (home: `cadence.precision.fp8`)."""
 
 from __future__ import annotations
 
-from ..precision_fp8 import (
+from ..precision.fp8 import (
     convert_model_to_fp8_ao,
     filter_first_and_last_linear_layers,
     filter_linear_layers,

@@ -1,11 +1,28 @@
-"""The reference's `utils.dataclasses` path: enums, kwargs handlers, plugins and configurations (homes: `cadence.enums`, `cadence.dataclasses`, `cadence.dataclasses`, `cadence.plugins`)."""
+"""The reference's `utils.dataclasses` path: enums, kwargs handlers, plugins and configurations (homes: `cadence.core.enums`, `cadence.options.dataclasses`, `cadence.options.dataclasses`, `cadence.plugins`)."""
 
 from __future__ import annotations
 
+from ..core.enums import (
+    BaseEnum,
+    ComputeEnvironment,
+    CustomDtype,
+    DDPCommunicationHookType,
+    DistributedType,
+    DynamoBackend,
+    EnumWithContains,
+    FP8BackendType,
+    LoggerType,
+    PrecisionType,
+    RNGType,
+    SageMakerDistributedType,
+)
 from ..data.batches import (
     TensorInformation,
 )
-from ..dataclasses import (
+from ..fsdp_helpers import (
+    get_module_class_from_name,
+)
+from ..options.dataclasses import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -20,23 +37,6 @@ from ..dataclasses import (
     ProjectConfiguration,
     TERecipeKwargs,
     TorchDynamoPlugin,
-)
-from ..enums import (
-    BaseEnum,
-    ComputeEnvironment,
-    CustomDtype,
-    DDPCommunicationHookType,
-    DistributedType,
-    DynamoBackend,
-    EnumWithContains,
-    FP8BackendType,
-    LoggerType,
-    PrecisionType,
-    RNGType,
-    SageMakerDistributedType,
-)
-from ..fsdp_helpers import (
-    get_module_class_from_name,
 )
 from ..plugins import (
     DeepSpeedPlugin,

@@ -1,11 +1,7 @@
-"""The reference's `utils.deepspeed` path (homes: `cadence.plugins.deepspeed`, `cadence.strategies.deepspeed`, `cadence.deepspeed_helpers`)."""
+"""The reference's `utils.deepspeed` path (homes: `cadence.plugins.deepspeed`, `cadence.strategies.deepspeed`, `cadence.plugins.deepspeed_helpers`)."""
 
 from __future__ import annotations
 
-from ..deepspeed_helpers import (
-    get_active_deepspeed_plugin,
-    map_pytorch_optim_to_deepspeed,
-)
 from ..plugins.deepspeed import (
     DeepSpeedConfig as HfDeepSpeedConfig,
 )
@@ -13,6 +9,7 @@ from ..plugins.deepspeed import (
     DummyOptim,
     DummyScheduler,
 )
+from ..plugins.deepspeed_helpers import get_active_deepspeed_plugin, map_pytorch_optim_to_deepspeed
 from ..strategies.deepspeed import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,

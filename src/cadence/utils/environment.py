@@ -1,8 +1,8 @@
-"""The reference's `utils.environment` path: environment-variable helpers (home: `cadence.environment`)."""
+"""The reference's `utils.environment` path: environment-variable helpers (home: `cadence.core.environment`)."""
 
 from __future__ import annotations
 
-from ..environment import (
+from ..core.environment import (
     CPUInformation,
     are_libraries_initialized,
     check_cuda_fp8_capability,

@@ -1,8 +1,8 @@
-"""The reference's `utils.imports` path: availability checks (home: `cadence.availability`)."""
+"""The reference's `utils.imports` path: availability checks (home: `cadence.core.availability`)."""
 
 from __future__ import annotations
 
-from ..availability import (
+from ..core.availability import (
     USE_TORCH_XLA,
     deepspeed_required,
     is_4bit_bnb_available,

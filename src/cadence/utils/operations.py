@@ -1,8 +1,19 @@
-"""The reference's `utils.operations` path: collectives and tensor helpers (homes: `cadence.collectives`, `cadence.tensor_helpers`, `cadence.data.batches`)."""
+"""The reference's `utils.operations` path: collectives and tensor helpers (homes: `cadence.runtime.collectives`, `cadence.training.tensor_helpers`, `cadence.data.batches`)."""
 
 from __future__ import annotations
 
-from ..collectives import (
+from ..data.batches import (
+    TensorInformation,
+    find_batch_size,
+    get_data_structure,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    slice_tensors,
+)
+from ..diagnostics.errors import (
+    DistributedOperationException,
+)
+from ..runtime.collectives import (
     broadcast,
     broadcast_object_list,
     concatenate,
@@ -15,18 +26,7 @@ from ..collectives import (
     reduce,
     send_to_device,
 )
-from ..data.batches import (
-    TensorInformation,
-    find_batch_size,
-    get_data_structure,
-    ignorant_find_batch_size,
-    initialize_tensors,
-    slice_tensors,
-)
-from ..diagnostics.errors import (
-    DistributedOperationException,
-)
-from ..tensor_helpers import (
+from ..training.tensor_helpers import (
     TENSOR_INT_TO_DTYPE,
     TENSOR_TYPE_TO_INT,
     CannotPadNestedTensorWarning,

@@ -1,11 +1,20 @@
-"""The reference's `utils.other` path: model and process helpers (homes: `cadence.model_helpers`, `cadence.process_helpers`)."""
+"""The reference's `utils.other` path: model and process helpers (homes: `cadence.training.model_helpers`, `cadence.process_helpers`)."""
 
 from __future__ import annotations
 
 from ..commands.config_file import (
     write_basic_config,
 )
-from ..model_helpers import (
+from ..process_helpers import (
+    TORCH_SAFE_GLOBALS,
+    check_os_kernel,
+    get_free_port,
+    is_port_in_use,
+    load,
+    save,
+    wait_for_everyone,
+)
+from ..training.model_helpers import (
     clean_state_dict_for_safetensors,
     compile_regions,
     compile_regions_deepspeed,
@@ -22,15 +31,6 @@ from ..model_helpers import (
     merge_dicts,
     model_has_dtensor,
     recursive_getattr,
-)
-from ..process_helpers import (
-    TORCH_SAFE_GLOBALS,
-    check_os_kernel,
-    get_free_port,
-    is_port_in_use,
-    load,
-    save,
-    wait_for_everyone,
 )
 
 __all__ = [

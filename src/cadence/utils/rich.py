@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..availability import _is_package_available
+from ..core.availability import _is_package_available
 
 if not _is_package_available("rich"):
     raise ModuleNotFoundError("To use the rich extension, install rich with `pip install rich`")

@@ -1,28 +1,11 @@
-"""`tqdm`: a progress bar shown once per machine instead of once per process."""
+"""Reference path: re-exports `cadence.runtime.tqdm` under the reference's `utils.tqdm` module path."""
 
 from __future__ import annotations
 
-from typing import Any
+from cadence.runtime.tqdm import (
+    tqdm,
+)
 
-from ..state import PartialState
-
-
-def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
-    """`tqdm.auto.tqdm(*args, **kwargs)`, disabled on every process but the local main one.
-
-    Args:
-        main_process_only: `False` shows the bar on every process.
-    """
-    if args and isinstance(args[0], bool):
-        raise ValueError(
-            "cadence.utils.tqdm no longer takes `main_process_only` as its first argument: pass it by "
-            "keyword, e.g. tqdm(range(n), main_process_only=False)."
-        )
-    try:
-        from tqdm.auto import tqdm as progress_bar
-    except ImportError as error:
-        raise ImportError("cadence.utils.tqdm needs the tqdm package: pip install tqdm.") from error
-    disable = kwargs.pop("disable", False)
-    if main_process_only and not disable:
-        disable = PartialState().local_process_index != 0
-    return progress_bar(*args, disable=disable, **kwargs)
+__all__ = [
+    "tqdm",
+]

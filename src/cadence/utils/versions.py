@@ -1,11 +1,8 @@
-"""The reference's `utils.versions` path (home: `cadence.versions`)."""
+"""The reference's `utils.versions` path (home: `cadence.core.versions`)."""
 
 from __future__ import annotations
 
-from ..versions import (
-    compare_versions,
-    is_torch_version,
-)
+from ..core.versions import compare_versions, is_torch_version
 
 __all__ = [
     "compare_versions",

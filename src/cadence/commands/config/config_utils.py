@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...enums import DynamoBackend
+from ...core.enums import DynamoBackend
 
 # Backends a config file may name for torch.compile (every DynamoBackend but NO).
 DYNAMO_BACKENDS = [backend.value for backend in DynamoBackend if backend is not DynamoBackend.NO]

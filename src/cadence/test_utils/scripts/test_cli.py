@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from cadence.state import PartialState
+from cadence.runtime.state import PartialState
 from cadence.test_utils.scripts._checks import check
 
 

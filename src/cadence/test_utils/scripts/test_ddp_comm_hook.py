@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from cadence import Accelerator, DDPCommunicationHookType, DistributedDataParallelKwargs
-from cadence.state import AcceleratorState, GradientState
+from cadence.runtime.state import AcceleratorState, GradientState
 from cadence.test_utils.scripts._checks import check
 
 
@@ -73,7 +73,7 @@ def main() -> None:
     ]
     for comm_hook, comm_wrapper, option in cases:
         test_ddp_comm_hook(comm_hook, comm_wrapper, option)
-    from cadence.state import PartialState
+    from cadence.runtime.state import PartialState
 
     if PartialState().is_main_process:
         print("All DDP communication hook checks passed.")

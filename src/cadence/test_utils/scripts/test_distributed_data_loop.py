@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from cadence import Accelerator
-from cadence.state import AcceleratorState, GradientState
+from cadence.runtime.state import AcceleratorState, GradientState
 from cadence.test_utils.scripts._checks import check
 
 
@@ -144,7 +144,7 @@ def main() -> None:
         test()
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    from cadence.state import PartialState
+    from cadence.runtime.state import PartialState
 
     if PartialState().is_main_process:
         print("All distributed data loop checks passed.")

@@ -11,7 +11,7 @@ import tempfile
 import torch
 
 from cadence import Accelerator, FullyShardedDataParallelPlugin
-from cadence.state import PartialState
+from cadence.runtime.state import PartialState
 from cadence.test_utils.scripts._checks import check
 from cadence.utils import merge_fsdp_weights
 

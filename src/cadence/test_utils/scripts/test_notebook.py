@@ -16,7 +16,7 @@ NUM_PROCESSES = int(os.environ.get("CADENCE_NOTEBOOK_PROCESSES", "2"))
 
 def basic_function(marker_dir: str) -> None:
     """Each process writes a file named after its rank, so the parent can see who ran."""
-    from cadence.state import PartialState
+    from cadence.runtime.state import PartialState
 
     state = PartialState(cpu=True)
     with open(os.path.join(marker_dir, f"rank{state.process_index}"), "w") as handle:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from cadence.state import PartialState
+from cadence.runtime.state import PartialState
 from cadence.test_utils.scripts._checks import check
 from cadence.utils import (
     DistributedOperationException,

@@ -9,7 +9,7 @@ from contextlib import nullcontext
 import torch
 
 from cadence import Accelerator
-from cadence.state import AcceleratorState, GradientState
+from cadence.runtime.state import AcceleratorState, GradientState
 from cadence.test_utils.scripts._checks import check
 from cadence.utils import gather
 
@@ -160,7 +160,7 @@ def main() -> None:
 
 
 def _is_main() -> bool:
-    from cadence.state import PartialState
+    from cadence.runtime.state import PartialState
 
     return PartialState().is_main_process
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cadence import Accelerator
-from cadence.state import AcceleratorState, GradientState
+from cadence.runtime.state import AcceleratorState, GradientState
 from cadence.test_utils.scripts._checks import check
 from cadence.test_utils.training import RegressionDataset, RegressionModel
 from cadence.utils import ProjectConfiguration, broadcast_object_list, set_seed
@@ -84,7 +84,7 @@ def main() -> None:
         shared = broadcast_object_list([tmp])[0]  # one folder for all processes (same machine)
         test_resume_continues_exactly(os.path.join(shared, "resume"))
         test_total_limit_prunes(os.path.join(shared, "limit"))
-        from cadence.state import PartialState
+        from cadence.runtime.state import PartialState
 
         PartialState().wait_for_everyone()
         if PartialState().is_main_process:

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cadence import Accelerator
-from cadence.state import AcceleratorState, GradientState, PartialState
+from cadence.runtime.state import AcceleratorState, GradientState, PartialState
 from cadence.test_utils.scripts._checks import check
 from cadence.test_utils.training import RegressionDataset, RegressionModel
 from cadence.utils import DataLoaderConfiguration

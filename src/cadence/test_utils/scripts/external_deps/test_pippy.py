@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from cadence.state import PartialState
+from cadence.runtime.state import PartialState
 from cadence.test_utils.scripts._checks import check
 
 

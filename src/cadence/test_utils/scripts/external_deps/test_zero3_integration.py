@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from cadence.availability import is_deepspeed_available
+from cadence.core.availability import is_deepspeed_available
 from cadence.test_utils.scripts._checks import check
 
 

@@ -1,4 +1,4 @@
-"""Collectives between XLA replicas, through torch_xla's `xla_model` (called by `cadence.collectives`
+"""Collectives between XLA replicas, through torch_xla's `xla_model` (called by `cadence.runtime.collectives`
 when the process trains on XLA).
 
 Tensors stay on the XLA device. Objects travel as pickled bytes in uint8 tensors padded to the longest
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import xla_runtime
+from . import runtime as xla_runtime
 
 
 def _xm() -> Any:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .diagnostics.settings import parse_seconds
-from .enums import DDPCommunicationHookType, DynamoBackend
-from .environment import clear_environment
-from .profiling import build_profiler
-from .settings import env_text, parse_bool, resolve, resolve_flag
+from ..core.enums import DDPCommunicationHookType, DynamoBackend
+from ..core.environment import clear_environment
+from ..core.profiling import build_profiler
+from ..core.settings import env_text, parse_bool, resolve, resolve_flag
+from ..diagnostics.settings import parse_seconds
 
 
 class KwargsHandler:

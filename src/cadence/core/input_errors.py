@@ -25,7 +25,7 @@ def current_rank() -> int | None:
 
     Read from the process state when it exists, otherwise from the launcher's environment (argument
     checks run before the process group is created)."""
-    state_module = sys.modules.get("cadence.state")
+    state_module = sys.modules.get("cadence.runtime.state")
     shared = getattr(getattr(state_module, "PartialState", None), "_shared_state", None) or {}
     if "num_processes" in shared:
         return shared.get("process_index") if shared["num_processes"] > 1 else None

@@ -1,4 +1,4 @@
-"""Tensor helpers of the reference's `operations` module that `cadence.collectives` does not hold:
+"""Tensor helpers of the reference's `operations` module that `cadence.runtime.collectives` does not hold:
 fp32 conversion of outputs, `listify`, shape helpers, padding inputs to a multiple of the process
 count, copying a tensor held by one process to all, and the debug-mode operation checks.
 """
@@ -12,17 +12,17 @@ from typing import Any
 
 import torch
 
-from .collectives import (
+from ..data.batches import TensorInformation
+from ..diagnostics.errors import DistributedOperationException
+from ..precision.policy import convert_outputs_to_fp32
+from ..runtime.collectives import (
     CannotPadNestedTensorWarning,
     gather_object,
     is_torch_tensor,
     recursively_apply,
     reduce,
 )
-from .data.batches import TensorInformation
-from .diagnostics.errors import DistributedOperationException
-from .precision import convert_outputs_to_fp32
-from .state import AcceleratorState, PartialState
+from ..runtime.state import AcceleratorState, PartialState
 
 # Dtype codes used to send a tensor's dtype as a number (`gather_tensor_shape`).
 TENSOR_TYPE_TO_INT: dict[torch.dtype, int] = {

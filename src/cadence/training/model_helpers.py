@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .availability import is_deepspeed_available
-from .precision import remove_forward_wrapper
+from ..core.availability import is_deepspeed_available
+from ..precision.policy import remove_forward_wrapper
 
 logger = logging.getLogger(__name__)
 

@@ -123,12 +123,12 @@ def value_problems(settings: Mapping[str, Any], env: Mapping[str, str]) -> list[
 def watch_setting_problems(env: Mapping[str, str]) -> list[str]:
     """The watchdog's settings from the environment, which every worker inherits: check them once here
     rather than let each worker fail at start-up."""
-    from .diagnostics.settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..diagnostics.settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         STALL_REPORT_ENV,
         STUCK_TIMEOUT_ENV,
         parse_seconds,
     )
-    from .diagnostics.signing import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..diagnostics.signing import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         JOB_TOKEN_ENV,
         token_problem,
     )

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import xla_runtime
-from .enums import DistributedType
-from .settings import device_from_env
+from ..core.enums import DistributedType
+from ..core.settings import device_from_env
+from ..xla import runtime as xla_runtime
 from .topology import Topology
 
 DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)

@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from .collectives import recursively_apply
-from .enums import DistributedType
-from .precision_choice import check_precision_supported as check_precision_supported
-from .precision_choice import parse_mixed_precision as parse_mixed_precision
-from .state import AcceleratorState
+from ..core.enums import DistributedType
+from ..runtime.collectives import recursively_apply
+from ..runtime.state import AcceleratorState
+from .choice import check_precision_supported as check_precision_supported
+from .choice import parse_mixed_precision as parse_mixed_precision
 
 # fp8 runs its converted linears in float8 and everything else under bf16 autocast (the reference's way).
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .enums import DistributedType
+from ..core.enums import DistributedType
 
 
 def get_active_deepspeed_plugin(state: Any) -> Any:

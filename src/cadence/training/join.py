@@ -6,7 +6,7 @@ import contextlib
 import warnings
 from typing import Any
 
-from .enums import DistributedType
+from ..core.enums import DistributedType
 
 # Torch's Join works with DistributedDataParallel, which Cadence uses on several GPUs and on several CPU
 # processes (the reference joins on GPUs only).

@@ -13,9 +13,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .enums import DistributedType
-from .unsupported.sagemaker import prepare_sagemager_args_inputs
-from .xla_runtime import planned_device_kind
+from ..core.enums import DistributedType
+from ..unsupported.sagemaker import prepare_sagemager_args_inputs
+from ..xla.runtime import planned_device_kind
 
 _RANKED_TYPES = (
     DistributedType.MULTI_GPU,

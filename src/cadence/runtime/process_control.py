@@ -11,10 +11,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from . import xla_runtime
-from .diagnostics.ledger import ledger
-from .diagnostics.precheck import check_collective
-from .input_errors import with_rank
+from ..core.input_errors import with_rank
+from ..diagnostics.ledger import ledger
+from ..diagnostics.precheck import check_collective
+from ..xla import runtime as xla_runtime
 
 
 class ProcessInfo(Protocol):

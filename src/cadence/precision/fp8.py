@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from .dataclasses import AORecipeKwargs, TERecipeKwargs
-from .precision import AutocastPrecision, PrecisionRequest
-from .precision_choice import fp8_handler_backend, resolve_fp8_backend
+from ..options.dataclasses import AORecipeKwargs, TERecipeKwargs
+from .choice import fp8_handler_backend, resolve_fp8_backend
+from .policy import AutocastPrecision, PrecisionRequest
 
 
 def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, str | None]:

@@ -6,7 +6,7 @@ Detection uses `importlib.util.find_spec`, never an import: `import cadence` doe
 
 Example::
 
-    from cadence import xla_runtime
+    from cadence.xla import runtime as xla_runtime
     if xla_runtime.xla_requested(cpu=False, launch={}):
         device = xla_runtime.device()
 """
@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any
 
-from .settings import parse_bool, resolve
+from ..core.settings import parse_bool, resolve
 
 # The process-group backend torch_xla registers ("xla"), and its init method.
 XLA_BACKEND = "xla"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from .enums import PrecisionType
-from .settings import resolve
+from ..core.enums import PrecisionType
+from ..core.settings import resolve
 
 MIXED_PRECISION_CHOICES: tuple[str, ...] = tuple(PrecisionType.list())
 

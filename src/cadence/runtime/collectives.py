@@ -9,13 +9,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import xla_collectives
-from .diagnostics import ledger as _ledger_module
-from .diagnostics.errors import DistributedOperationException as DistributedOperationException
-from .diagnostics.precheck import check_collective
-from .diagnostics.signature import describe_dimensions
-from .enums import DistributedType
-from .input_errors import with_rank
+from ..core.enums import DistributedType
+from ..core.input_errors import with_rank
+from ..diagnostics import ledger as _ledger_module
+from ..diagnostics.errors import DistributedOperationException as DistributedOperationException
+from ..diagnostics.precheck import check_collective
+from ..diagnostics.signature import describe_dimensions
+from ..xla import collectives as xla_collectives
 from .state import PartialState
 
 _ledger = _ledger_module.ledger
@@ -120,7 +120,7 @@ def _state() -> Any:
 
 
 def _on_xla(state: Any) -> bool:
-    # XLA replicas exchange through torch_xla (cadence.xla_collectives), not a gloo/NCCL group.
+    # XLA replicas exchange through torch_xla (cadence.xla.collectives), not a gloo/NCCL group.
     return getattr(state, "distributed_type", None) == DistributedType.XLA
 
 

@@ -17,7 +17,7 @@ class GradientState:
 
     Example::
 
-        from cadence.state import GradientState
+        from cadence.runtime.state import GradientState
 
         gradient_state = GradientState()
         if gradient_state.sync_gradients:

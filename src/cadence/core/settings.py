@@ -1,5 +1,5 @@
 """The one settings resolver of a worker process: the only reader of `os.environ` (rank variables aside,
-which `cadence.topology` reads) and of the record `cadence launch` writes.
+which `cadence.runtime.topology` reads) and of the record `cadence launch` writes.
 
 Every setting resolves the same way: explicit argument > launch record > environment variable > default,
 and remembers where its value came from. The environment names are in one table, `ENV_NAMES`: Cadence's
@@ -8,7 +8,7 @@ parser, `parse_bool`, reads every flag.
 
 Example::
 
-    from cadence.settings import resolve
+    from cadence.core.settings import resolve
     resolve("mixed_precision", explicit=None, default="no")   # Resolved(value='bf16', source='launch')
 """
 
@@ -175,7 +175,7 @@ def env_bool(name: str, default: bool = False) -> bool:
 def plugin_env_text(name: str, default: str | None = None) -> str | None:
     """A plugin field's value from its environment variable (`name` must be in `PLUGIN_ENV_NAMES`)."""
     if name not in _PLUGIN_ENV:
-        raise KeyError(f"{name} is not in cadence.settings.PLUGIN_ENV_NAMES; add it there.")
+        raise KeyError(f"{name} is not in cadence.core.settings.PLUGIN_ENV_NAMES; add it there.")
     return env_text(name, default)
 
 

@@ -1,0 +1,64 @@
+"""The package's layers, bottom to top: the one ordered list that ARCHITECTURE.md draws and
+tests/test_layers.py checks (a module imports only its own layer and the layers below it).
+
+A module belongs to the first entry that is its name or a package above it, so a package's
+submodule named earlier (`cadence.precision.choice`) sits lower than the rest of its package.
+"""
+
+from __future__ import annotations
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # value types, the one settings resolver, availability, input errors; no process state
+    (
+        "foundation",
+        ("cadence.core", "cadence.unsupported", "cadence._layers", "cadence._reference_paths"),
+    ),
+    # XLA probes and plans (torch_xla imported only when used)
+    ("xla", ("cadence.xla",)),
+    # cross-rank diagnostics: the watchdog, the ledger, failure reports
+    ("diagnostics", ("cadence.diagnostics",)),
+    # option records and the one parse of the requested precision
+    ("options", ("cadence.options", "cadence.plugins", "cadence.precision.choice")),
+    # the process runtime: topology, process group, process state, collectives
+    ("runtime", ("cadence.runtime",)),
+    # policies and wrappers, given what they need
+    ("policies", ("cadence.precision", "cadence.data", "cadence.bigmodel", "cadence.training")),
+    # one strategy per backend, owning its precision
+    ("strategies", ("cadence.strategies",)),
+    # storage and trackers
+    (
+        "storage",
+        (
+            "cadence.checkpointing",
+            "cadence.tracking",
+            "cadence.constants",
+            "cadence.process_helpers",
+        ),
+    ),
+    # the façade and the launchers
+    ("facade", ("cadence.accelerator", "cadence.launch", "cadence.fsdp_helpers", "cadence.errors")),
+    # the CLI, the self-test, the testing helpers, the reference's paths and public namespaces
+    (
+        "surface",
+        (
+            "cadence.commands",
+            "cadence.alias",
+            "cadence.selftest",
+            "cadence.test_utils",
+            "cadence.utils",
+            "cadence.state",
+            "cadence.logging",
+            "cadence.launchers",
+            "cadence.optimizer",
+            "cadence.scheduler",
+            "cadence.local_sgd",
+            "cadence.data_loader",
+            "cadence.parallelism_config",
+            "cadence.memory_utils",
+            "cadence.hooks",
+            "cadence.big_modeling",
+            "cadence.inference",
+            "cadence",
+        ),
+    ),
+)

@@ -1,0 +1,1 @@
+"""Option records a user passes to the Accelerator (kwargs handlers, configurations)."""

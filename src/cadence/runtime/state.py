@@ -1,0 +1,540 @@
+"""Process-wide state: PartialState (the process group), AcceleratorState, GradientState.
+
+Each class shares one state dict per process (every instance sees the same attributes), as the spec says.
+`reset_state()` forgets all three, for tests and for running several trainings in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..core.enums import DistributedType
+from ..core.input_errors import forgotten_state_error
+from ..core.settings import device_from_env, read_launch_config, resolve, resolve_flag
+from ..core.shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
+from ..core.shared_state import do_nothing as do_nothing
+from ..diagnostics.settings import resolve_watch_settings
+from ..plugins.resolve import ParallelPlugins, configure_state
+from ..precision.choice import parse_mixed_precision
+from ..xla import runtime as xla_runtime
+from ..xla.spmd import spmd_plan
+from . import process_control as execution
+from . import process_group
+from .gradient_state import GradientState as GradientState
+from .process_group import choose_device, distributed_type_for
+from .topology import Topology, detect_topology
+
+
+class PartialState:
+    """The distributed environment of this process, usable without an `Accelerator`.
+
+    World size > 1 starts (or adopts) a torch.distributed process group: gloo on CPU, NCCL with one GPU per
+    local rank on CUDA. World size 1 uses no process group.
+
+    Example::
+
+        from cadence import PartialState
+
+        state = PartialState()
+        print(state.process_index, state.num_processes, state.device)
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            return
+        launch = read_launch_config()
+        device_from_env()  # a bad device name fails here, before any state is set
+        cpu = resolve_flag("use_cpu", cpu, launch).value
+        topology = detect_topology()
+        # Both fail on bad values before any side effect.
+        watch = resolve_watch_settings(kwargs.get("stuck_timeout"), launch)
+        self.debug = resolve_flag("debug", None, launch).value
+        self.fork_launched = resolve_flag("fork_launched", None, launch).value
+        self.topology = topology
+        xla = xla_runtime.xla_requested(cpu, launch)
+        group_exists = dist.is_available() and dist.is_initialized()
+        alone = (
+            group_exists and not cpu and resolve_flag("ignore_process_group", None, launch).value
+        )
+        if xla:  # torch_xla's runtime knows the replicas (xmp.spawn), not the torchrun variables
+            self._start_xla()
+        elif group_exists and not alone:
+            self._adopt_process_group(topology, cpu)
+        elif topology.world_size > 1 and not alone:
+            self._start_process_group(topology, cpu, launch, kwargs)
+        else:
+            self.backend = None
+            self.num_processes = 1
+            self.process_index = 0
+            self.local_process_index = 0
+            self.device = choose_device(cpu, 0, 1)
+        self.distributed_type = (
+            DistributedType.XLA if xla else distributed_type_for(self.backend, self.num_processes)
+        )
+        self.use_cpu = cpu or self.device.type == "cpu"
+        self._check_launch_expectations(launch)
+        if self.use_distributed and not xla:  # the watchdog's handshakes run on gloo/NCCL groups
+            from ..diagnostics.watchdog import (  # deferred: the watchdog loads only with several processes
+                start_watchdog,
+            )
+
+            start_watchdog(self, watch)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _adopt_process_group(self, topology: Topology, cpu: bool) -> None:
+        self.backend = dist.get_backend()
+        self.num_processes = dist.get_world_size()
+        self.process_index = dist.get_rank()
+        same_world = topology.world_size == self.num_processes
+        self.local_process_index = topology.local_rank if same_world else self.process_index
+        self.device = choose_device(cpu or self.backend == "gloo", self.local_process_index, 2)
+
+    def _start_xla(self) -> None:
+        self.device = xla_runtime.device()
+        self.num_processes = xla_runtime.world_size()
+        self.process_index = xla_runtime.global_ordinal()
+        self.local_process_index = xla_runtime.local_ordinal()
+        self.backend = process_group.start_xla_group(self.num_processes)
+
+    def _start_process_group(
+        self, topology: Topology, cpu: bool, launch: dict[str, Any], kwargs: dict[str, Any]
+    ) -> None:
+        self.num_processes = topology.world_size
+        self.process_index = topology.rank
+        self.local_process_index = topology.local_rank
+        self.device = choose_device(cpu, topology.local_rank, topology.world_size)
+        self.backend = process_group.start_process_group(topology, self.device, launch, kwargs)
+
+    def _check_launch_expectations(self, launch: dict[str, Any]) -> None:
+        expected = launch.get("num_processes")
+        if expected is not None and int(expected) != self.num_processes:
+            raise RuntimeError(
+                f"[rank {self.process_index}] `cadence launch` started {expected} processes but this "
+                f"one joined a world of {self.num_processes}. Another launcher or a stale environment "
+                "(RANK/WORLD_SIZE) is interfering; launch with `cadence launch` alone."
+            )
+        expected_backend = launch.get("backend")
+        if expected_backend and self.num_processes > 1 and expected_backend != self.backend:
+            raise RuntimeError(
+                f"[rank {self.process_index}] `cadence launch` planned the {expected_backend!r} backend "
+                f"but the process group uses {self.backend!r}."
+            )
+
+    # -- attributes -----------------------------------------------------------------------------
+    @property
+    def initialized(self) -> bool:
+        """Whether the shared state has been set up in this process."""
+        return self._shared_state != {}
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part (a process group is in use)."""
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the global main process (rank 0)."""
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its machine (local rank 0)."""
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the process with the highest rank."""
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def num_machines(self) -> int:
+        """Number of machines (nodes) taking part; 1 when not distributed."""
+        return self.topology.num_nodes if self.use_distributed else 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{'  Backend: ' + self.backend if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    # Equal when they describe the same process: every instance shares one state, and a pickled copy
+    # (inside a pickled Accelerator) holds the same values. All instances hash alike, consistently.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PartialState):
+            return NotImplemented
+        return self.__dict__ is other.__dict__ or self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(PartialState)
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        cls._shared_state.clear()
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found normally
+        if not name.startswith("_") and not self._shared_state:
+            raise forgotten_state_error("PartialState", name)
+        raise AttributeError(f"'PartialState' object has no attribute '{name}'")
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group (only if Cadence created it) and forget this state."""
+        if group is None:
+            process_group.destroy_owned_group()
+        elif dist.is_initialized():
+            dist.destroy_process_group(group)
+        process_group.disown_group()
+
+    # -- execution control (cadence.runtime.process_control does the work) -----------------------------------------
+    def _current(self) -> PartialState:
+        # The shared state may have been reset since a decorator captured `self`.
+        return self if self.initialized else PartialState()
+
+    def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
+        """Block until every process reaches this point; a no-op on one process.
+
+        Example::
+
+            if state.is_main_process:
+                write_shared_file()
+            state.wait_for_everyone()  # the other ranks only read it after it is written
+        """
+        execution.barrier(self, timeout)
+
+    @contextmanager
+    def main_process_first(self):
+        """The main process runs the block first, the others after it has left the block.
+
+        Example::
+
+            with state.main_process_first():
+                dataset = load_dataset_cached()  # rank 0 fills the cache, the rest reuse it
+        """
+        with execution.go_first(self, local=False):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self):
+        """Each machine's local main process runs the block first; only that machine's ranks wait."""
+        with execution.go_first(self, local=True):
+            yield
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+        """Give this process its contiguous share of `inputs` (the argument itself is not modified).
+
+        `apply_padding=True` repeats the last item so every process gets the same number of items.
+
+        Example::
+
+            with state.split_between_processes(["a", "b", "c"]) as part:
+                print(part)  # ["a", "b"] on process 0, ["c"] on process 1 of 2
+        """
+        yield execution.split_for_process(
+            inputs, self.num_processes, self.process_index, apply_padding
+        )
+
+    def _only_where(self, function: Any, holds: Any, required_index: Any = True) -> Any:
+        def predicate() -> bool:
+            state = self._current()
+            return not state.use_distributed or holds(state)
+
+        return execution.run_only_if(function, predicate, required_index=required_index)
+
+    def on_main_process(self, function=None):
+        """Decorate `function` to run only on the main process (elsewhere it returns None).
+
+        Example::
+
+            @state.on_main_process
+            def report(message):
+                print(message)  # printed once, by rank 0
+        """
+        return self._only_where(function, lambda state: state.is_main_process)
+
+    def on_local_main_process(self, function=None):
+        """Decorate `function` to run only on each machine's local main process.
+
+        Example::
+
+            @state.on_local_main_process
+            def fetch_files():
+                download_to_local_disk()  # once per machine
+        """
+        return self._only_where(function, lambda state: state.is_local_main_process)
+
+    def on_last_process(self, function=None):
+        """Decorate `function` to run only on the last process.
+
+        Example::
+
+            @state.on_last_process
+            def report():
+                print("hello from the last rank")
+        """
+        return self._only_where(function, lambda state: state.is_last_process)
+
+    def on_process(self, function=None, process_index: int | None = None):
+        """Decorate `function` to run only on process `process_index`.
+
+        Example::
+
+            @state.on_process(process_index=1)
+            def report():
+                print("only rank 1 prints this")
+        """
+        return self._only_where(
+            function, lambda state: state.process_index == process_index, process_index
+        )
+
+    def on_local_process(
+        self, function=None, local_process_index: int | None = None, **kwargs: Any
+    ):
+        """Decorate `function` to run only on local process `local_process_index` of each machine.
+
+        Example::
+
+            @state.on_local_process(local_process_index=0)
+            def report():
+                print("local rank 0 of every machine prints this")
+        """
+        local_process_index = execution.take_local_index_alias(local_process_index, kwargs)
+        return self._only_where(
+            function,
+            lambda state: state.local_process_index == local_process_index,
+            local_process_index,
+        )
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print`, once per machine (on each local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next `check_trigger` on every process sees it."""
+        execution.set_trigger(self)
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called `set_trigger` (then the flag resets)."""
+        return execution.check_trigger(self)
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device this process trains on (same as `device`)."""
+        return self.device
+
+
+class AcceleratorState:
+    """PartialState plus the training settings of the `Accelerator` (precision, plugins)."""
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            if not PartialState._shared_state:
+                # PartialState alone was reset (`PartialState._reset_state()`): set it up again, as
+                # the reference does, so the process state is there for everything that reads it.
+                partial = PartialState(cpu, **kwargs)
+                self.__dict__.update(partial.__dict__)
+                self.partial_state = partial
+            if mixed_precision is not None and str(mixed_precision) != self._mixed_precision:
+                raise ValueError(
+                    f"AcceleratorState was already created with mixed_precision={self._mixed_precision!r}; "
+                    f"a second Accelerator asks for {str(mixed_precision)!r}. Create one Accelerator per "
+                    "process, or call cadence.state.reset_state() between trainings."
+                )
+            return
+        launch = read_launch_config()
+        if (
+            (fsdp_plugin is not None or parallelism_config is not None)
+            and not PartialState._shared_state
+            and xla_runtime.xla_requested(resolve_flag("use_cpu", cpu, launch).value, launch)
+        ):
+            # An SPMD layout over the XLA devices, checked first; torch_xla must switch to SPMD before
+            # the device is first used.
+            plan = spmd_plan(
+                fsdp_plugin, parallelism_config, xla_runtime.world_size(), xla_runtime.device_count
+            )
+            if plan is not None:
+                xla_runtime.start_spmd()
+        partial = PartialState(cpu, **kwargs)
+        self.__dict__.update(partial.__dict__)
+        self._mixed_precision = resolve_mixed_precision(mixed_precision, launch)
+        self.dynamo_plugin = dynamo_plugin
+        self.deepspeed_plugins = deepspeed_plugin
+        self.fsdp_plugin = fsdp_plugin
+        self.torch_tp_plugin = torch_tp_plugin
+        self.megatron_lm_plugin = megatron_lm_plugin
+        self.parallelism_config = parallelism_config
+        self.device_mesh = None
+        self.partial_state = partial
+        plugins = (fsdp_plugin, deepspeed_plugin, parallelism_config)
+        # On XLA the FSDP plugin / ParallelismConfig choose an SPMD layout (strategies/xla.py).
+        if any(p is not None for p in plugins) and self.distributed_type != DistributedType.XLA:
+            try:
+                configure_state(self, ParallelPlugins(*plugins))
+            except BaseException:
+                self._shared_state.clear()
+                raise
+        if self.distributed_type == DistributedType.FSDP and not dist.is_initialized():
+            # fully_shard and torch.distributed.checkpoint need a process group, even of one process.
+            process_group.start_single_process_group(self.device)
+
+    initialized = PartialState.initialized
+    use_distributed = PartialState.use_distributed
+    is_main_process = PartialState.is_main_process
+    is_local_main_process = PartialState.is_local_main_process
+    is_last_process = PartialState.is_last_process
+    num_machines = PartialState.num_machines
+
+    # -- execution control: the process's PartialState, which outlives `AcceleratorState._reset_state()`
+    # (as in the reference, a script may reset this state and still end with `state.destroy_process_group()`).
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group (see `PartialState.destroy_process_group`)."""
+        PartialState().destroy_process_group(group)
+
+    def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
+        """Block until every process reaches this point (see `PartialState.wait_for_everyone`)."""
+        PartialState().wait_for_everyone(timeout)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """Print once per machine (see `PartialState.print`)."""
+        PartialState().print(*args, **kwargs)
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's share of `inputs` (see `PartialState.split_between_processes`)."""
+        with PartialState().split_between_processes(inputs, apply_padding=apply_padding) as share:
+            yield share
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first (see `PartialState.main_process_first`)."""
+        with PartialState().main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each machine's main process first (see `PartialState`)."""
+        with PartialState().local_main_process_first():
+            yield
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed precision in use; under DeepSpeed, what its config enables."""
+        if self.distributed_type == DistributedType.DEEPSPEED and self._mixed_precision != "fp8":
+            config = self.deepspeed_plugin.deepspeed_config
+            for name in ("fp16", "bf16"):
+                if str(config.get(name, {}).get("enabled", False)).lower() == "true":
+                    return name
+            return "no"
+        return self._mixed_precision
+
+    # -- sharded / model-parallel backends -----------------------------------------------------------
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether training uses FSDP version 2 (`fully_shard`)."""
+        return self.distributed_type == DistributedType.FSDP and self.fsdp_plugin.fsdp_version == 2
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeedPlugin (None when not training with DeepSpeed)."""
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            return None
+        plugins = self.deepspeed_plugins
+        if not isinstance(plugins, dict):
+            return plugins
+        return next(plugin for plugin in plugins.values() if plugin.selected)
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """Return the DeepSpeedPlugin registered under `name` (several plugins given by name)."""
+        self._require_named_deepspeed_plugins()
+        return self.deepspeed_plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the DeepSpeedPlugin called `name` the active one (for the next prepare())."""
+        self._require_named_deepspeed_plugins()
+        if name not in self.deepspeed_plugins:
+            raise KeyError(
+                f"No DeepSpeedPlugin called {name!r}; the names are {', '.join(self.deepspeed_plugins)}."
+            )
+        for key, plugin in self.deepspeed_plugins.items():
+            if key != name:
+                plugin._unselect()
+        self.deepspeed_plugins[name].select(_from_accelerator_state=True)
+
+    def _require_named_deepspeed_plugins(self) -> None:
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            raise ValueError("This needs DeepSpeed: pass deepspeed_plugin(s) to the Accelerator.")
+        if not isinstance(self.deepspeed_plugins, dict):
+            raise ValueError(
+                "Only one DeepSpeedPlugin was given; pass deepspeed_plugins={'name': plugin, ...} to "
+                "have several."
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        # Execution-control methods are PartialState's; this only runs for names not found normally.
+        if not name.startswith("_") and not self._shared_state:
+            raise forgotten_state_error("AcceleratorState", name)
+        if name.startswith("__") or "partial_state" not in self.__dict__:
+            raise AttributeError(name)
+        try:
+            return getattr(self.partial_state, name)
+        except AttributeError:
+            if hasattr(type(self.partial_state), name):
+                raise  # a real attribute that failed inside: keep its own error
+            # the name is unknown to both: say so about the object the caller used
+            raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'") from None
+
+    def __repr__(self) -> str:
+        return repr(self.partial_state) + f"\nMixed precision type: {self.mixed_precision}\n"
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        cls._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+
+def resolve_mixed_precision(requested: Any, launch: dict[str, Any]) -> str:
+    """Explicit argument > launch record > environment > "no"; validated."""
+    return parse_mixed_precision(resolve("mixed_precision", requested, "no", launch).value)
+
+
+def reset_state(destroy_process_group: bool = False) -> None:
+    """Forget PartialState, AcceleratorState and GradientState (the process group stays unless asked)."""
+    if destroy_process_group:
+        process_group.destroy_owned_group()
+    execution.forget_groups()
+    AcceleratorState._reset_state()
+    PartialState._reset_state()
+    GradientState._reset_state()
+
+
+def is_initialized() -> bool:
+    """Whether an `AcceleratorState` (hence an `Accelerator`) has been created in this process."""
+    return AcceleratorState._shared_state != {}

@@ -1,0 +1,77 @@
+"""`from cadence import Accelerator` loads only what constructing an Accelerator needs: the heavy
+subsystems load when first used (ARCHITECTURE.md, "What `from cadence import Accelerator` loads").
+Checked in a fresh interpreter, so what other tests imported does not count."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Subsystems that a training script which never uses them must not pay for.
+DEFERRED_SUBSYSTEMS = (
+    "cadence.checkpointing",  # checkpoint storage: loads at the first save/load
+    "cadence.bigmodel",  # big-model loading, dispatch and offload
+    "cadence.plugins.deepspeed",
+    "cadence.plugins.fsdp",
+    "cadence.plugins.megatron",
+    "cadence.diagnostics.watchdog",  # the watchdog: only with several processes
+    "cadence.tracking.registry",  # the tracker classes: only with log_with
+    "cadence.tracking.wandb",
+    "cadence.tracking.tensorboard",
+    "cadence.precision.fp8",
+    "cadence.training.join",
+    "cadence.commands",
+    "cadence.launch",
+    "cadence.data",
+    "cadence.strategies.ddp",
+    "cadence.strategies.fsdp",
+    "cadence.strategies.deepspeed",
+    "cadence.utils",
+)
+
+# Optional packages that `from cadence import Accelerator` may not load (beyond what torch loads).
+OPTIONAL_PACKAGES = ("deepspeed", "transformers", "safetensors", "yaml", "psutil", "tqdm", "wandb")
+
+
+def _loaded_after(code: str) -> set[str]:
+    script = f"import sys, json\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def _offenders(loaded: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded for n in names if m == n or m.startswith(n + "."))
+
+
+def test_from_cadence_import_accelerator_leaves_heavy_subsystems_unloaded():
+    loaded = _loaded_after("from cadence import Accelerator")
+    assert "cadence.accelerator.facade" in loaded  # the import did happen
+    assert not _offenders(loaded, DEFERRED_SUBSYSTEMS)
+    assert not _offenders(loaded - _loaded_after("import torch"), OPTIONAL_PACKAGES)
+
+
+def test_import_cadence_loads_only_the_namespace():
+    loaded = _loaded_after("import cadence")
+    assert sorted(m for m in loaded if m.startswith("cadence")) == [
+        "cadence",
+        "cadence.core",
+        "cadence.core.lazy_exports",
+    ]
+
+
+def test_deferred_subsystems_load_when_used(tmp_path):
+    # A single-process Accelerator on the CPU saves a checkpoint: storage is loaded then, and works.
+    code = (
+        "import torch\n"
+        "from cadence import Accelerator\n"
+        "acc = Accelerator(cpu=True)\n"
+        "model = acc.prepare(torch.nn.Linear(2, 2))\n"
+        "assert 'cadence.checkpointing' not in sys.modules\n"
+        f"acc.save_state({str(tmp_path / 'ckpt')!r})\n"
+    )
+    loaded = _loaded_after(code)
+    assert "cadence.checkpointing.checkpointer" in loaded and "cadence.bigmodel" in loaded
+    assert (tmp_path / "ckpt").is_dir()
