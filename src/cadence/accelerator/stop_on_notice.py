@@ -14,7 +14,6 @@ from typing import Any
 
 from ..core.settings import env_text
 from ..diagnostics.stop_notice import RESUME_EXIT_CODE, notice
-from ..diagnostics.watchdog import active_watchdog
 
 
 def _elastic_launch() -> bool:
@@ -55,7 +54,13 @@ def arm_stop_on_notice(
 
     # Without a watchdog (one process, or CADENCE_LEDGER=0) there is no channel to agree through:
     # the noticed process stops alone at its next boundary.
-    solo = num_processes == 1 or active_watchdog() is None
+    solo = num_processes == 1
+    if not solo:
+        from ..diagnostics.watchdog import (  # deferred: the watchdog loads only on several processes
+            active_watchdog,
+        )
+
+        solo = active_watchdog() is None
     owner = getattr(save_state, "_owner", None)  # a weakly() callback: its Accelerator may go
     alive = (lambda: owner() is not None) if owner is not None else (lambda: True)
     return notice.install(checkpoint_and_stop, solo=solo, alive=alive) is not None

@@ -184,7 +184,11 @@ def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """The `estimate-memory` parser: added to `subparsers` when given, standalone otherwise."""
     description = "Estimate the memory a Hub model needs for inference and training."
     if subparsers is not None:
-        parser = subparsers.add_parser("estimate-memory", description=description)
+        parser = subparsers.add_parser(
+            "estimate-memory",
+            help="Estimate the memory a model needs to load and to train, per dtype.",
+            description=description,
+        )
     else:
         parser = argparse.ArgumentParser("cadence estimate-memory", description=description)
     parser.add_argument(

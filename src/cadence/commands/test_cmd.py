@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `test` subcommand to `subparsers`."""
     parser = subparsers.add_parser(
         "test",
-        help="check that this machine's set-up trains correctly",
+        help="Check that this machine's set-up trains correctly.",
         description="Runs collectives, a few training steps and a checkpoint round-trip on the configured processes.",
     )
     parser.add_argument(

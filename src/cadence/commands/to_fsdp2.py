@@ -98,7 +98,11 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """The `to-fsdp2` parser: added to `subparsers` when given, standalone otherwise."""
     description = "Convert a config file from FSDP1 to FSDP2 settings."
     if subparsers is not None:
-        parser = subparsers.add_parser("to-fsdp2", description=description)
+        parser = subparsers.add_parser(
+            "to-fsdp2",
+            help="Convert a config file that uses FSDP1 to one that uses FSDP2.",
+            description=description,
+        )
     else:
         parser = argparse.ArgumentParser("cadence to-fsdp2", description=description)
     parser.add_argument(
