@@ -10,11 +10,16 @@ flock enabled) between machines too.
 
     lock = acquire_writer_lock(project_dir)   # WriterLockedError when another live job holds it
 
+A worker of a newer restart generation of the same job (same torch elastic run id, or the same
+launch token) is not refused when the holder is a worker of an older generation still alive (frozen,
+say): the restarted job writes, and fencing keeps the older worker from committing.
+
 CADENCE_PROJECT_DIR_LOCK=0 in the environment (of every process) turns the check off.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.settings import env_bool, env_text
+from ..diagnostics.generation_env import current_generation
 from .errors import CheckpointError
 
 LOCK_NAME = ".cadence-writer.lock"
@@ -47,9 +53,36 @@ class WriterLockedError(CheckpointError):
     """Another live job is saving checkpoints into the same project directory."""
 
 
+def _job_identity() -> str | None:
+    """Who this job is across its restarts: torch elastic's run id, else a digest of the launch's
+    job token (never the token itself: the lock file is readable by others)."""
+    run_id = env_text("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"run:{run_id}"
+    token = env_text("CADENCE_JOB_TOKEN")
+    if token:
+        return "token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+    return None
+
+
+def _superseded_holder(holder: Any) -> bool:
+    """Whether the live holder is a worker of an older restart generation of this same job (frozen,
+    say, while the job restarted): then this newer generation writes, and fencing
+    (checkpointing/generation.py) keeps the older one from committing anything."""
+    ours = current_generation()
+    if not isinstance(holder, dict) or ours is None or _job_identity() is None:
+        return False
+    theirs = holder.get("generation")
+    return (
+        holder.get("job_identity") == _job_identity() and isinstance(theirs, int) and theirs < ours
+    )
+
+
 def _holder_info() -> dict[str, Any]:
     job = {name: env_text(name) for name in _JOB_VARIABLES if env_text(name)}
     return {
+        "job_identity": _job_identity(),
+        "generation": current_generation(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -103,6 +136,8 @@ def acquire_writer_lock(project_dir: str | os.PathLike) -> Path:
         except BlockingIOError:
             os.close(fd)
             holder = read_holder(project_dir)
+            if _superseded_holder(holder):
+                return path  # this job's older generation holds it; fencing keeps it from writing
             raise WriterLockedError(
                 f"Another job is saving checkpoints into {project_dir} right now: "
                 f"{describe_holder(holder)}. Two jobs writing automatically named checkpoints "
