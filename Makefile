@@ -5,24 +5,32 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.cadence-demo-installed
 STAMP := $(VENV)/.cadence-installed
 
-.PHONY: demo test test-xla lint format bench
+.PHONY: demo test test-xla lint format bench docs
 
-# The demo needs only torch and the package; the suite adds the test tools and the optional packages
-# whose integrations it exercises (trackers, DeepSpeed).
+# The demo needs only torch and the package; the suite adds the test tools, the optional packages
+# whose integrations it exercises (trackers, DeepSpeed, transformers & co., Ray) and the documentation
+# tools. peft and TRL pull the reference library in as a dependency: it is removed again, so that the
+# suite runs the `accelerate` alias as a user without the reference has it (and never the reference).
 $(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 -e .
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers,deepspeed]'
+	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers,deepspeed,docs]'
+	$(PY) -m pip uninstall -q -y accelerate
 	touch $(STAMP)
 
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/cadence launch --num_processes 2 examples/train_regression.py
+	$(VENV)/bin/cadence launch --cpu --num_processes 2 examples/train_regression.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or reference.
+# `.venv/bin/mkdocs serve` serves it locally. The variables silence two banners printed by the theme and a plugin.
+docs: $(STAMP)
+	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Optional: the XLA path on torch_xla's CPU device, in its own venv (torch_xla pins torch 2.9, whose
 # only reachable wheel is the CUDA build: ~7 GB, several minutes the first time). `make test` skips these.
@@ -41,8 +49,8 @@ test-xla: $(XLA_STAMP)
 	PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -m xla tests/xla
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples benchmarks
-	$(VENV)/bin/ruff format --check src tests examples benchmarks
+	$(VENV)/bin/ruff check src tests examples benchmarks compat docs/*.py
+	$(VENV)/bin/ruff format --check src tests examples benchmarks compat docs/*.py
 	$(PY) -m pytest -q tests/test_layers.py   # the declared layers (ARCHITECTURE.md)
 
 format: $(STAMP)
