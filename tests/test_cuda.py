@@ -180,9 +180,10 @@ def test_free_memory_gives_the_cuda_memory_back():
     model, optimizer = acc.free_memory(model, optimizer)
     assert model is None and optimizer is None
     assert torch.cuda.memory_allocated() <= baseline + 2**20  # the tensors are gone...
-    assert (
-        torch.cuda.memory_reserved() <= reserved - weights_and_adam
-    )  # ...and the cache given back
+    # ...so the cache can be given back. free_memory empties it while the caller's own names still
+    # hold the objects (as the reference's does): the caller's next empty_cache finds them free.
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= reserved - weights_and_adam
 
 
 def test_find_executable_batch_size_shrinks_on_a_real_cuda_out_of_memory():

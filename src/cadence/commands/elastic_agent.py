@@ -17,6 +17,7 @@ subclass instead (same constructor, same loop), which adds:
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
@@ -46,6 +47,14 @@ class LauncherKill:
     grace: float
     why: str  # "after rank 0 failed", "on a stop notice", ...
     signal_name: str  # the signal sent ("SIGKILL": it did not end within the grace)
+
+
+def _takes(function: Any, name: str) -> bool:
+    """Whether `function` accepts the keyword `name` (torch's private agent API varies by release)."""
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class SupervisingAgent(LocalElasticAgent):
@@ -80,11 +89,18 @@ class SupervisingAgent(LocalElasticAgent):
             self._why_stopping = "on a stop notice"
             raise
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+    def _shutdown(
+        self, death_sig: signal.Signals = signal.SIGTERM, *args: Any, **kwargs: Any
+    ) -> None:
         handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
         if handlers:
             self._stop_processes(handlers, death_sig)
-        super()._shutdown(death_sig, timeout=0)  # nothing left alive: closes logs and servers
+        # Nothing is left alive: torch's own shutdown only closes logs and servers. Its signature
+        # differs between torch releases (a `timeout` since 2.12, `is_restart` before), so only
+        # what it takes is passed.
+        if _takes(super()._shutdown, "timeout"):
+            kwargs["timeout"] = 0
+        super()._shutdown(death_sig, *args, **kwargs)
 
     def _hook_pcontext(self) -> None:
         """torch's process context also stops the other workers itself when one fails (with a
@@ -94,9 +110,12 @@ class SupervisingAgent(LocalElasticAgent):
         if original is None or not hasattr(pcontext, "subprocess_handlers"):
             return
 
-        def close(death_sig: signal.Signals, timeout: int = 30) -> None:
+        def close(death_sig: signal.Signals, *args: Any, **kwargs: Any) -> None:
             self._stop_processes(pcontext.subprocess_handlers, death_sig)
-            original(death_sig=death_sig, timeout=0)
+            if _takes(original, "timeout"):
+                kwargs["timeout"] = 0
+                args = ()
+            original(death_sig, *args, **kwargs)
 
         pcontext._close = close
 

@@ -291,9 +291,12 @@ def notebook_launcher(
         ):
             function(*args)
         return
-    # The notebook's own state is checked first: it is what the user must fix before anything else.
+    # First the arguments themselves, then the notebook's own state (an Accelerator or a CUDA context
+    # the user must get rid of), then whether this machine has the GPUs asked for.
+    counts = (num_processes, num_nodes, node_rank, use_port, max_restarts, monitor_interval)
+    _check_counts(*counts, cpu_only=True)
     _refuse_initialised_cuda()
-    _check_counts(num_processes, num_nodes, node_rank, use_port, max_restarts, monitor_interval)
+    _check_counts(*counts)
     # Counted through NVML: a CUDA context here would make every forked worker fail.
     gpus = cuda_device_count()
     backend = "nccl" if gpus > 0 else "gloo"
