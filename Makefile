@@ -24,8 +24,10 @@ $(STAMP): $(DEMO_STAMP)
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/cadence launch --cpu --num_processes 2 examples/train_regression.py
 
+# Two test processes (pytest-xdist): most tests wait on the processes they start, so two of them keep
+# both cores busy and the suite within its time on a 2-core machine.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or reference.
 # `.venv/bin/mkdocs serve` serves it locally. The variables silence two banners printed by the theme and a plugin.
