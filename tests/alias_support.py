@@ -75,3 +75,16 @@ def run_python(tmp_path: Path, code: str, alias: bool = True, timeout: float = 1
         timeout=timeout,
     )
     return result_of(completed)
+
+
+def needs(*names: str) -> None:
+    """Skip unless these packages are installed. They are only looked up, not imported: peft, TRL and
+    diffusers import `accelerate` themselves, which exists only with the alias on (in the case's
+    subprocess), not in the test process."""
+    import importlib.util
+
+    import pytest
+
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (the test extra installs them)")

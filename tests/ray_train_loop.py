@@ -104,6 +104,10 @@ def report_world(config: dict) -> None:
 def hf_trainer_loop(config: dict) -> None:
     """transformers' Trainer on a tiny regression model (under Ray: through prepare_trainer);
     rank 0 saves the final weights to config["out"]."""
+    if config.get("alias"):  # a Ray worker: the alias is turned on here, before transformers loads
+        import cadence
+
+        cadence.as_accelerate()
     import torch
     import transformers
 

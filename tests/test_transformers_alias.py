@@ -9,13 +9,13 @@ import math
 import sys
 
 import pytest
-from alias_support import CADENCE, run_case
+from alias_support import CADENCE, needs, run_case
 
 pytest.importorskip("transformers")
 
 
 def test_trainer_accumulation_resume_evaluate_checkpointing_lora_and_device_maps(tmp_path):
-    pytest.importorskip("peft")
+    needs("peft")
     out = run_case(tmp_path, "trainer_cases.py")
     assert out["accelerate_available"] is True and out["accelerate_version"] == "1.15.0"
     assert out["global_step"] == 6 and out["train_loss_finite"]
@@ -34,7 +34,7 @@ def test_trainer_accumulation_resume_evaluate_checkpointing_lora_and_device_maps
 
 
 def test_trl_sft_trainer_and_its_resume(tmp_path):
-    pytest.importorskip("trl")
+    needs("trl")
     pytest.importorskip("datasets")
     out = run_case(tmp_path, "trl_cases.py")
     assert out["global_step"] == 4
@@ -42,7 +42,7 @@ def test_trl_sft_trainer_and_its_resume(tmp_path):
 
 
 def test_diffusers_unconditional_loop_with_ema_hooks_and_resume(tmp_path):
-    pytest.importorskip("diffusers")
+    needs("diffusers")
     out = run_case(tmp_path, "diffusers_cases.py")
     assert out["unet_resumed"] == out["unet"]
     assert out["ema_resumed"] == out["ema"]
