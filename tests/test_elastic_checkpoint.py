@@ -112,6 +112,11 @@ def test_per_worker_folders_hold_only_what_each_rank_owns(saved):
     worker1 = sorted(p.name for p in (workdir / "worker1").iterdir())
     assert "model.safetensors" not in worker1 and "optimizer.bin" not in worker1
     assert "random_states_1.pkl" in worker1 and "cadence_manifest.rank1.json" in worker1
+    # No name stands in two folders: Ray Train copies the folders into one concurrently, and two
+    # copies of one name written at once tear the file (seen: a folder manifest with "Extra data").
+    worker0 = sorted(p.name for p in (workdir / "worker0").iterdir())
+    assert not set(worker0) & set(worker1), set(worker0) & set(worker1)
+    assert "cadence_manifest.json" in worker0
     manifest = read_manifest(workdir / "merged")
     assert manifest.world_size == 2 and manifest.ranks == [0, 1]
     assert manifest.owners["random_states_1.pkl"] == 1

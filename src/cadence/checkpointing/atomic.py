@@ -313,9 +313,14 @@ class CheckpointWriter:
                 marker.unlink()
             # The folder is not visible under its final name yet: write the manifest in place,
             # fsync it, then one fsync of the folder makes every entry durable before the rename.
-            write_file_durably(
-                self.tmp_dir / MANIFEST_NAME, manifest.to_json().encode(), durable=self.durable
-            )
+            # Only the folder that holds rank 0 gets the folder manifest: when every process saves
+            # into its own folder, Ray Train merges the folders by copying them concurrently into
+            # one, and two copies of one name written at once tear it. Every other name in such
+            # folders is a rank's own, and their per-rank manifests are their record.
+            if 0 in expected:
+                write_file_durably(
+                    self.tmp_dir / MANIFEST_NAME, manifest.to_json().encode(), durable=self.durable
+                )
             if self.durable:
                 fsync_dir(self.tmp_dir)
             fence(self.final_dir.parent, "commit")  # a superseded worker exits here

@@ -215,18 +215,21 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     only) are read as they were written.
     """
     directory = Path(directory)
-    top = _read_one(directory, MANIFEST_NAME)
     try:
         names = [n for n in os.listdir(directory) if RANK_MANIFEST_RE.match(n)]
     except OSError:
         names = []
     if not names:
-        return top
+        return _read_one(directory, MANIFEST_NAME)
+    # A per-worker folder without rank 0 has no folder manifest (see AtomicCheckpointWriter.commit):
+    # its per-rank manifests are its record, and alone it is reported as missing rank 0's part.
+    top = _read_one(directory, MANIFEST_NAME) if (directory / MANIFEST_NAME).exists() else None
     whole = compose_rank_manifests(directory, [_read_one(directory, n) for n in sorted(names)])
-    # The folder's manifest comes from the same commit as the per-rank ones of its ranks: every
-    # file it lists is checked against it too (after a merge of per-worker folders it lists one
-    # folder's files).
-    whole.files.update(top.files)
+    if top is not None:
+        # The folder's manifest comes from the same commit as the per-rank ones of its ranks:
+        # every file it lists is checked against it too (after a merge of per-worker folders it
+        # is rank 0's folder's).
+        whole.files.update(top.files)
     return whole
 
 
