@@ -122,6 +122,21 @@ def start_node(
     )
 
 
+def start_two_nodes(
+    tmp_path: Path, script: Path, own_session: bool = False
+) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """Nodes a and b on one free port. Node a hosts the rendezvous store (the endpoint host must
+    outlive the job), so b starts once it listens. `own_session`: b's, for `kill_node`."""
+    from harness import free_port
+
+    port = free_port()
+    first = start_node(tmp_path, port, "a", script)
+    if not wait_until(lambda: port_open(port) or first.poll() is not None, limit=60):
+        stop_all(first)
+        raise AssertionError("node a's rendezvous store never listened")
+    return first, start_node(tmp_path, port, "b", script, own_session=own_session)
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid` (read from /proc), children before grandchildren."""
     children: dict[int, list[int]] = collections.defaultdict(list)
@@ -160,7 +175,7 @@ def kill_node(launcher: subprocess.Popen) -> None:
 
 
 def steps(tmp_path: Path) -> list[dict]:
-    """Every logged step of the job, in time order."""
+    """Every logged record of the job (its steps), in time order."""
     records = []
     for path in (tmp_path / "project").glob("log-*.jsonl"):
         for line in path.read_text().splitlines():

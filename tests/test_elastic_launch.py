@@ -10,19 +10,17 @@ samples and nothing else, and ends with the weights of that history replayed fro
 from __future__ import annotations
 
 import collections
-import json
 import signal
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 from elastic_helpers import (
     TRAIN_SCRIPT,
     kill_node,
-    port_open,
     sample_counts,
     start_node,
+    start_two_nodes,
     steps,
     stop_all,
     wait_until,
@@ -45,11 +43,7 @@ def _every_sample_once(tmp_path):
 def test_stop_notice_to_one_node_checkpoints_and_the_other_goes_on_alone(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
-    port = free_port()
-    first = start_node(tmp_path, port, "a", script)
-    # Node a hosts the rendezvous store (the endpoint host must outlive the job): b starts after it.
-    assert wait_until(lambda: port_open(port) or first.poll() is not None, limit=60)
-    second = start_node(tmp_path, port, "b", script)
+    first, second = start_two_nodes(tmp_path, script)
     try:
         together = lambda: sum(r["world"] == 2 for r in steps(tmp_path)) >= 3  # noqa: E731
         ended = lambda: first.poll() is not None or second.poll() is not None  # noqa: E731
@@ -169,13 +163,6 @@ KILLED_NODE_SCRIPT = textwrap.dedent(
 )
 
 
-def _records(tmp_path: Path) -> list[dict]:
-    records = []
-    for path in (tmp_path / "project").glob("log-*.jsonl"):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sorted(records, key=lambda r: r["time"])
-
-
 def _replay(history: list[list[list[int]]]) -> dict[str, torch.Tensor]:
     """The script's training from first principles, in this process: each step's gradient is the mean
     over ranks of each rank's mean-loss gradient (what DDP's all-reduce gives), then SGD's update."""
@@ -198,13 +185,10 @@ def _replay(history: list[list[list[int]]]) -> dict[str, torch.Tensor]:
 def test_a_killed_node_redoes_exactly_the_steps_after_the_last_checkpoint(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(KILLED_NODE_SCRIPT)
-    port = free_port()
-    first = start_node(tmp_path, port, "a", script)
-    assert wait_until(lambda: port_open(port) or first.poll() is not None, limit=60)
-    second = start_node(tmp_path, port, "b", script, own_session=True)
+    first, second = start_two_nodes(tmp_path, script, own_session=True)
     try:
         held = lambda: {  # noqa: E731 - both ranks logged step 5 (and saved at step 4)
-            r["pid"] for r in _records(tmp_path) if r["kind"] == "step" and r["step"] == 5
+            r["pid"] for r in steps(tmp_path) if r["kind"] == "step" and r["step"] == 5
         }
         ended = lambda: first.poll() is not None or second.poll() is not None  # noqa: E731
         assert wait_until(lambda: len(held()) == 2 or ended(), limit=120) and not ended(), (
@@ -217,7 +201,7 @@ def test_a_killed_node_redoes_exactly_the_steps_after_the_last_checkpoint(tmp_pa
         stop_all(first, second)
     out_a = (tmp_path / "a.out").read_text()
     assert "world size 2 -> 1" in out_a, out_a
-    records = _records(tmp_path)
+    records = steps(tmp_path)
     before = [r for r in records if r["world"] == 2]
     after = [r for r in records if r["world"] == 1]
     # The last checkpoint committed before the death: the last save any rank came back from
