@@ -95,9 +95,17 @@ def node_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def start_node(
-    tmp_path: Path, port: int, name: str, script: Path, *flags: str, **env: str
+    tmp_path: Path,
+    port: int,
+    name: str,
+    script: Path,
+    *flags: str,
+    own_session: bool = False,
+    **env: str,
 ) -> subprocess.Popen:
-    """One "node": `cadence launch --nnodes 1:2 ...` on 127.0.0.1:`port`, output in `name`.out."""
+    """One "node": `cadence launch --nnodes 1:2 ...` on 127.0.0.1:`port`, output in `name`.out.
+
+    `own_session`: the launcher leads its own process group, so `kill_node` can end it whole."""
     out = open(tmp_path / f"{name}.out", "w")  # noqa: SIM115 - closed with the process
     command = [
         *CADENCE, "launch", "--cpu", "--quiet", "--nnodes", "1:2", "--nproc_per_node", "1",
@@ -105,12 +113,69 @@ def start_node(
         *flags, str(script), str(tmp_path / "project"),
     ]  # fmt: skip
     return subprocess.Popen(
-        command, cwd=tmp_path, env=node_env(tmp_path, **env), stdout=out, stderr=subprocess.STDOUT
+        command,
+        cwd=tmp_path,
+        env=node_env(tmp_path, **env),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=own_session,
     )
 
 
+def start_two_nodes(
+    tmp_path: Path, script: Path, own_session: bool = False
+) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """Nodes a and b on one free port. Node a hosts the rendezvous store (the endpoint host must
+    outlive the job), so b starts once it listens. `own_session`: b's, for `kill_node`."""
+    from harness import free_port
+
+    port = free_port()
+    first = start_node(tmp_path, port, "a", script)
+    if not wait_until(lambda: port_open(port) or first.poll() is not None, limit=60):
+        stop_all(first)
+        raise AssertionError("node a's rendezvous store never listened")
+    return first, start_node(tmp_path, port, "b", script, own_session=own_session)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (read from /proc), children before grandchildren."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        children[int(fields[1])].append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue and len(found) < 10_000:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def kill_node(launcher: subprocess.Popen) -> None:
+    """A node's death: SIGKILL to its launcher's process group (started with `own_session`) and to
+    the process group of every process below it (torch elastic starts each worker in its own)."""
+    import signal
+
+    groups = {os.getpgid(launcher.pid)}
+    for pid in _descendants(launcher.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    groups.discard(os.getpgid(0))  # never this test's own group
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launcher.wait(timeout=30)
+
+
 def steps(tmp_path: Path) -> list[dict]:
-    """Every logged step of the job, in time order."""
+    """Every logged record of the job (its steps), in time order."""
     records = []
     for path in (tmp_path / "project").glob("log-*.jsonl"):
         for line in path.read_text().splitlines():

@@ -2,19 +2,25 @@
 
 A stop notice to one node, and a node joining mid-run, both end with every sample of every epoch
 trained exactly once: the job checkpoints at the step boundary every rank agreed on and continues at
-the new world size from there.
+the new world size from there. A node killed outright (SIGKILL to its launcher and workers) costs
+exactly the steps after the last checkpoint: the survivor resumes alone from it, redoes those steps'
+samples and nothing else, and ends with the weights of that history replayed from first principles.
 """
 
 from __future__ import annotations
 
+import collections
 import signal
+import textwrap
 
 import pytest
+import torch
 from elastic_helpers import (
     TRAIN_SCRIPT,
-    port_open,
+    kill_node,
     sample_counts,
     start_node,
+    start_two_nodes,
     steps,
     stop_all,
     wait_until,
@@ -37,11 +43,7 @@ def _every_sample_once(tmp_path):
 def test_stop_notice_to_one_node_checkpoints_and_the_other_goes_on_alone(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
-    port = free_port()
-    first = start_node(tmp_path, port, "a", script)
-    # Node a hosts the rendezvous store (the endpoint host must outlive the job): b starts after it.
-    assert wait_until(lambda: port_open(port) or first.poll() is not None, limit=60)
-    second = start_node(tmp_path, port, "b", script)
+    first, second = start_two_nodes(tmp_path, script)
     try:
         together = lambda: sum(r["world"] == 2 for r in steps(tmp_path)) >= 3  # noqa: E731
         ended = lambda: first.poll() is not None or second.poll() is not None  # noqa: E731
@@ -85,3 +87,157 @@ def test_a_node_joining_mid_run_continues_at_the_larger_size_without_redoing_a_s
     worlds = [r["world"] for r in steps(tmp_path)]
     assert worlds[0] == 1 and worlds[-1] == 2, worlds
     _every_sample_once(tmp_path)
+
+
+# Saves every 4 steps (automatic naming) and resumes from the newest checkpoint with load_state();
+# the epoch's position is the prepared loader's own. Each rank logs what it trained in each step.
+# At world size 2 every rank holds after step 5 until the test says go (it kills node b meanwhile),
+# so the last checkpoint before the death is the one of step 4 and step 5 is the one redone.
+# (The job must start at world size 2: a first round of node a alone waits for b to join.)
+KILLED_NODE_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    torch.set_num_threads(1)
+    from cadence import Accelerator
+    from cadence.utils import ProjectConfiguration
+
+    project, EPOCHS, SIZE, EVERY, HOLD_AT = sys.argv[1], 2, 48, 4, 5
+    os.makedirs(project, exist_ok=True)
+    if os.environ["WORLD_SIZE"] == "1" and not os.path.isdir(os.path.join(project, "checkpoints")):
+        # Node a's first round formed before node b's launcher was up: wait (bounded) for the
+        # restart that b's joining brings, so that the job starts at world size 2.
+        time.sleep(120)
+        sys.exit("node b never joined")
+
+    class Progress:
+        def __init__(self):
+            self.epoch, self.step = 0, 0
+        def state_dict(self):
+            return {"epoch": self.epoch, "step": self.step}
+        def load_state_dict(self, state):
+            self.epoch, self.step = state["epoch"], state["step"]
+
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+    acc = Accelerator(cpu=True, project_config=config)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = torch.utils.data.DataLoader(list(range(SIZE)), batch_size=2, shuffle=True)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    progress = Progress()
+    acc.register_for_checkpointing(progress)
+    log = open(os.path.join(project, f"log-{acc.process_index}-{os.getpid()}.jsonl"), "a")
+
+    def record(kind, **fields):
+        fields.update(kind=kind, pid=os.getpid(), world=acc.num_processes, time=time.time())
+        log.write(json.dumps(fields) + "\\n")
+        log.flush()
+
+    if os.path.isdir(os.path.join(project, "checkpoints")):
+        acc.load_state()
+        record("resumed", step=progress.step, epoch=progress.epoch)
+    while progress.epoch < EPOCHS:
+        for batch in loader:
+            x = batch.float().unsqueeze(1) / SIZE
+            loss = (model(x) - (2 * x + 1)).pow(2).mean()
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            progress.step += 1
+            record("step", step=progress.step, epoch=progress.epoch, samples=batch.tolist())
+            if progress.step % EVERY == 0:
+                acc.save_state()
+                record("saved", step=progress.step)
+            if progress.step == HOLD_AT and acc.num_processes == 2:
+                go = os.path.join(project, "go")
+                for _ in range(600):  # at most 60 s
+                    if os.path.exists(go):
+                        break
+                    time.sleep(0.1)
+        progress.epoch += 1
+    if acc.is_main_process:
+        weights = acc.unwrap_model(model).state_dict()
+        record("finished", step=progress.step, weights={k: v.flatten().tolist() for k, v in weights.items()})
+    """
+)
+
+
+def _replay(history: list[list[list[int]]]) -> dict[str, torch.Tensor]:
+    """The script's training from first principles, in this process: each step's gradient is the mean
+    over ranks of each rank's mean-loss gradient (what DDP's all-reduce gives), then SGD's update."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for per_rank in history:
+        total = [torch.zeros_like(p) for p in model.parameters()]
+        for samples in per_rank:
+            x = torch.tensor(samples).float().unsqueeze(1) / 48
+            loss = (model(x) - (2 * x + 1)).pow(2).mean()
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            total = [t + g / len(per_rank) for t, g in zip(total, grads)]
+        for parameter, grad in zip(model.parameters(), total):
+            parameter.grad = grad
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_a_killed_node_redoes_exactly_the_steps_after_the_last_checkpoint(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(KILLED_NODE_SCRIPT)
+    first, second = start_two_nodes(tmp_path, script, own_session=True)
+    try:
+        held = lambda: {  # noqa: E731 - both ranks logged step 5 (and saved at step 4)
+            r["pid"] for r in steps(tmp_path) if r["kind"] == "step" and r["step"] == 5
+        }
+        ended = lambda: first.poll() is not None or second.poll() is not None  # noqa: E731
+        assert wait_until(lambda: len(held()) == 2 or ended(), limit=120) and not ended(), (
+            "the two nodes never reached step 5 together:\n" + (tmp_path / "a.out").read_text()
+        )
+        kill_node(second)  # node b dies: its launcher and workers, at once
+        (tmp_path / "project" / "go").touch()
+        assert first.wait(timeout=120) == 0, (tmp_path / "a.out").read_text()
+    finally:
+        stop_all(first, second)
+    out_a = (tmp_path / "a.out").read_text()
+    assert "world size 2 -> 1" in out_a, out_a
+    records = steps(tmp_path)
+    before = [r for r in records if r["world"] == 2]
+    after = [r for r in records if r["world"] == 1]
+    # The last checkpoint committed before the death: the last save any rank came back from
+    # (save_state returns on a rank only once the checkpoint is committed).
+    last_saved = max(r["step"] for r in before if r["kind"] == "saved")
+    assert last_saved == 4
+    resumed = [r for r in after if r["kind"] == "resumed"]
+    assert [r["step"] for r in resumed] == [last_saved], (
+        resumed
+    )  # one restart, from that checkpoint
+    assert "checkpoint_0 at world size 1" in out_a, out_a
+    redone_steps = {r["step"] for r in before if r["kind"] == "step" and r["step"] > last_saved}
+    assert redone_steps == {5}
+    # Every sample of every epoch trained on; twice exactly those of the steps redone.
+    counts = collections.Counter(
+        (r["epoch"], s) for r in before + after if r["kind"] == "step" for s in r["samples"]
+    )
+    assert set(counts) == {(e, s) for e in range(EPOCHS) for s in range(SAMPLES)}
+    redone = {
+        (r["epoch"], s)
+        for r in before
+        if r["kind"] == "step" and r["step"] > last_saved
+        for s in r["samples"]
+    }
+    assert len(redone) == 4  # step 5: 2 samples on each of the 2 ranks
+    assert {key for key, n in counts.items() if n > 1} == redone
+    assert all(counts[key] == 2 for key in redone)
+    # The final model: the steps that count (up to the checkpoint, then the resumed run) replayed.
+    history: dict[tuple[int, int], list[list[int]]] = collections.defaultdict(list)
+    for r in before + after:
+        if r["kind"] == "step" and (r["world"] == 1 or r["step"] <= last_saved):
+            history[(r["world"] == 1, r["step"])].append(r["samples"])
+    steps_kept = sorted(history)
+    assert [step for _, step in steps_kept] == list(range(1, len(steps_kept) + 1))
+    assert all(len(history[key]) == (1 if key[0] else 2) for key in steps_kept)
+    expected = _replay([history[key] for key in steps_kept])
+    (finished,) = [r for r in after if r["kind"] == "finished"]
+    for name, value in expected.items():
+        assert finished["weights"][name] == value.flatten().tolist(), name

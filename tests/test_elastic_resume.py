@@ -20,9 +20,9 @@ from cadence.data import prepare_data_loader
 SIZE, BATCH = 112, 4  # 16 samples seen after 2 steps on 2 processes; 96 left, a multiple of 4*M
 
 
-def build(num_processes: int, rank: int, **options):
+def build(num_processes: int, rank: int, size: int = SIZE, **options):
     torch.manual_seed(0)  # the script's set_seed: every process draws the same generators
-    loader = DataLoader(range(SIZE), batch_size=BATCH, shuffle=True)
+    loader = DataLoader(range(size), batch_size=BATCH, shuffle=True)
     return prepare_data_loader(
         loader, num_processes=num_processes, process_index=rank, rng_types=["generator"], **options
     )
@@ -77,6 +77,34 @@ def test_epoch_continues_with_the_unseen_samples_on_any_number_of_processes(new_
     # (on 3 processes a whole epoch of 28 batches ends with a padded round, as even_batches does)
     assert global_order(resumed[1])[:SIZE] == global_order(uninterrupted[1])
     assert all(len(batch) == BATCH for rank in resumed[0] for batch in rank)
+
+
+@pytest.mark.parametrize(
+    "size, steps, new_world, split",
+    [(112, 1, 3, False), (110, 1, 3, False), (110, 3, 4, True)],
+    ids=["full-last-batch", "short-last-batch", "split-batches"],
+)
+def test_padding_of_a_resumed_epoch_repeats_the_epochs_first_samples(size, steps, new_world, split):
+    # even_batches pads an epoch's last round with the first samples of the epoch's order; an epoch
+    # resumed on another number of processes follows the same rule (not the start of what was left).
+    options = {"size": size, "split_batches": split}
+    uninterrupted = run_epochs([build(2, r, **options) for r in range(2)], epochs=1)
+    order = global_order(uninterrupted[0])[:size]  # the epoch's order (then 2 padding samples)
+    assert sorted(order) == list(range(size))
+    seen, states = saved_after(steps=steps, **options)
+    consumed = steps * (BATCH if split else 2 * BATCH)
+    loaders = [build(new_world, r, **options) for r in range(new_world)]
+    resumed = global_order(run_epochs(loaders, 1, [states[min(r, 1)] for r in range(new_world)])[0])
+    per_step = BATCH if split else new_world * BATCH
+    padded = -(-(size - consumed) // per_step) * per_step
+    assert padded > size - consumed  # this case pads
+    assert resumed[: size - consumed] == order[consumed:]
+    assert resumed[size - consumed :] == order[: padded - (size - consumed)]
+    # The same rule as an epoch that starts on the new number of processes.
+    fresh = global_order(
+        run_epochs([build(new_world, r, **options) for r in range(new_world)], 1)[0]
+    )
+    assert fresh[size:] == order[: len(fresh) - size]
 
 
 def test_position_resaved_after_a_world_size_change_resumes_again():

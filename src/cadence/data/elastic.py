@@ -130,7 +130,8 @@ def resharded(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
 
 class SourceResumeSkip:
     """Index sampler of the iterator that resumes an epoch on another number of processes: the first
-    `skip` source batches of the epoch's order are dropped, the rest is sharded as usual.
+    `skip` source batches of the epoch's order are dropped, the rest is sharded as usual (and the
+    padding of `even_batches`, as in any epoch, repeats the epoch's first samples).
 
     The loader sets `skip` to 0 once its iterator is built, like samplers.ResumeSkip.
     """
@@ -144,8 +145,9 @@ class SourceResumeSkip:
         if not self.skip:
             return iter(sampler)
         if isinstance(sampler, BatchSamplerShard):
+            # The shard skips them itself, so that even_batches still pads from the epoch's start.
             shard = copy.copy(sampler)
-            shard.batch_sampler = SkipBatchSampler(sampler.batch_sampler, self.skip)
+            shard.source_skip = self.skip
             return iter(shard)
         return islice(iter(sampler), self.skip, None)
 

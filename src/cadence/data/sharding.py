@@ -31,6 +31,10 @@ class BatchSamplerShard(BatchSampler):
     last incomplete batch, `even_batches` completes the last round with indices from the start of the
     epoch so that all processes get the same number of full batches; without it, the processes simply
     get what is left (some one batch fewer, the last one possibly short).
+
+    `source_skip` (set on a copy by data/elastic.py when an epoch resumes on another number of
+    processes) drops the epoch's first source batches before dealing; the padding still comes from
+    the start of the whole epoch, as in an epoch that was never interrupted.
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class BatchSamplerShard(BatchSampler):
         self.even_batches = even_batches
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
+        self.source_skip = 0
         if split_batches and (self.batch_size is None or self.batch_size % num_processes != 0):
             raise ValueError(
                 f"split_batches=True needs a batch size ({self.batch_size}) that is a round multiple of the "
@@ -110,13 +115,15 @@ class BatchSamplerShard(BatchSampler):
     def _split_source_batches(self) -> Iterator[list[Any]]:
         start, stop = self._part_bounds()
         first = last = None
-        for batch in self.batch_sampler:
+        for index, batch in enumerate(self.batch_sampler):
             if first is None:
-                first = batch
+                first = batch  # the epoch's first batch, skipped or not: the padding source
+            if index < self.source_skip:
+                continue
             if len(batch) == self.batch_size:
                 yield batch[start:stop]
             last = batch
-        if self.drop_last or first is None or len(last) >= self.batch_size:
+        if self.drop_last or last is None or len(last) >= self.batch_size:
             return
         yield from self._split_last_batch(list(first), list(last))
 
@@ -124,13 +131,15 @@ class BatchSamplerShard(BatchSampler):
         """`_split_source_batches` for a standard BatchSampler whose epoch order is known at once."""
         size = self.batch_size
         start, stop = self._part_bounds()
+        first = list(order[:size])  # the padding source: the start of the whole epoch
+        order = order[self.source_skip * size :]
         full_batches = len(order) // size
         for offset in range(0, full_batches * size, size):
             yield list(order[offset + start : offset + stop])
         finish()
         if self.drop_last or len(order) == full_batches * size:
             return
-        yield from self._split_last_batch(list(order[:size]), list(order[full_batches * size :]))
+        yield from self._split_last_batch(first, list(order[full_batches * size :]))
 
     def _split_last_batch(self, first: list[Any], last: list[Any]) -> Iterator[list[Any]]:
         start, stop = self._part_bounds()
@@ -144,17 +153,20 @@ class BatchSamplerShard(BatchSampler):
     def _deal_source_batches(self) -> Iterator[list[Any]]:
         n, rank = self.num_processes, self.process_index
         keep_start = not self.drop_last
-        epoch_start: list[Any] = []  # the first round, the padding source
+        epoch_start: list[Any] = []  # the epoch's first round (skipped or not), the padding source
         mine = None  # this process's batch of the current round, held until the round is complete
         last = None
-        count = 0
-        for count, batch in enumerate(self.batch_sampler, start=1):
-            position = count - 1
-            if keep_start and position < n:
+        count = 0  # source batches dealt (after the skipped ones)
+        for index, batch in enumerate(self.batch_sampler):
+            if keep_start and index < n:
                 if self.batch_size is None:
                     epoch_start.append(batch)
                 else:
                     epoch_start.extend(batch)
+            if index < self.source_skip:
+                continue
+            count += 1
+            position = count - 1
             if position % n == rank:
                 mine = batch
             if position % n == n - 1 and self._is_full(batch):
@@ -168,6 +180,8 @@ class BatchSamplerShard(BatchSampler):
     def _deal_order(self, order: Sequence[int], finish: Callable[[], None]) -> Iterator[list[Any]]:
         """`_deal_source_batches` for a standard BatchSampler whose epoch order is known at once."""
         n, rank, size = self.num_processes, self.process_index, self.batch_size
+        epoch_start = list(order[: n * size])  # the padding source: the start of the whole epoch
+        order = order[self.source_skip * size :]
         full_batches = len(order) // size
         complete_rounds = full_batches // n
         for position in range(rank, complete_rounds * n, n):
@@ -179,7 +193,7 @@ class BatchSamplerShard(BatchSampler):
         position = complete_rounds * n + rank
         mine = list(order[position * size : (position + 1) * size]) if position < count else None
         last = list(order[(count - 1) * size : count * size])
-        yield from self._finish_last_round(mine, last, count, list(order[: n * size]))
+        yield from self._finish_last_round(mine, last, count, epoch_start)
 
     def _finish_last_round(
         self, mine: list[Any] | None, last: list[Any], count: int, epoch_start: list[Any]

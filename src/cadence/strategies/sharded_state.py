@@ -180,7 +180,9 @@ def load_sharded(
         else:
             state = {"model": get_model_state_dict(model, options=_options(False))}
             dcp.load(
-                state, storage_reader=dcp.FileSystemReader(base / MODEL_DIR.format(index=index))
+                state,
+                storage_reader=dcp.FileSystemReader(base / MODEL_DIR.format(index=index)),
+                planner=_load_planner(),
             )
             set_model_state_dict(model, state["model"], options=_options(False))
     owners = list(optimizer_models or [])
@@ -197,9 +199,28 @@ def load_sharded(
         else:
             state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
             dcp.load(
-                state, storage_reader=dcp.FileSystemReader(base / OPTIMIZER_DIR.format(index=index))
+                state,
+                storage_reader=dcp.FileSystemReader(base / OPTIMIZER_DIR.format(index=index)),
+                planner=_load_planner(),
             )
             set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
+
+
+def _load_planner() -> Any:
+    """torch.distributed.checkpoint's default load planner, minus the flattening of sharded tensors.
+
+    On a world size where one of FSDP1's ShardedTensors (a parameter's or an optimizer moment's shard)
+    has no local part on this rank, the default planner drops that key from this rank's request, then
+    takes the key the checkpoint has and this rank lacks for the sign of a checkpoint written by torch
+    2.3 or older, re-flattens the whole state the old way (a list of dicts such as `param_groups`
+    becomes one leaf) and fails with "Missing key in checkpoint state_dict: optimizer.param_groups".
+    Unflattened, an empty ShardedTensor stays and simply reads nothing. Cadence never nests a
+    ShardedTensor in another (FSDP1 with 2D parallelism), the one case that flattening is for, and
+    FSDP2's DTensors are not ShardedTensors: the option changes nothing else.
+    """
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    return DefaultLoadPlanner(flatten_sharded_tensors=False)
 
 
 def _broadcast_options() -> Any:
