@@ -22,7 +22,7 @@ from ..diagnostics.failure_report import (
     format_failure_summary,
 )
 from ..diagnostics.signing import JOB_TOKEN_ENV, new_job_token
-from ..precision.choice import check_precision_supported
+from ..precision.choice import check_precision_supported, resolve_mixed_precision
 from ..runtime.cuda_probe import (
     NVML_CHECK_ENV,
     cuda_compute_capability,
@@ -30,7 +30,7 @@ from ..runtime.cuda_probe import (
     cuda_initialized,
 )
 from ..runtime.hardware import usable_cpu_count, visible_gpu_count
-from ..runtime.state import AcceleratorState, PartialState, resolve_mixed_precision
+from ..runtime.state import AcceleratorState, PartialState
 from ..xla.runtime import planned_device_kind, xla_requested
 from .bounds import OVERSUBSCRIBE_ENV, notebook_launcher_problems
 from .env import PrepareForLaunch

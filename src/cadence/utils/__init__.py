@@ -251,8 +251,8 @@ _EXPORTS = {
     "compare_versions": "cadence.core.versions",
     "is_torch_version": "cadence.core.versions",
     # big-model inference (issue 16)
-    "get_grad_scaler": "cadence.precision.policy",
-    "get_mixed_precision_context_manager": "cadence.precision.policy",
+    "get_grad_scaler": "cadence.runtime.autocast",
+    "get_mixed_precision_context_manager": "cadence.runtime.autocast",
     "infer_auto_device_map": "cadence.utils.modeling",
     "load_checkpoint_in_model": "cadence.utils.modeling",
     "load_state_dict": "cadence.utils.modeling",
