@@ -17,6 +17,23 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+# The reference's package submodules that its namespaces expose as attributes once imported (code
+# reaches them that way, `accelerate.utils.operations.gather`): Cadence's namespaces resolve them on
+# first use (`lazy_exports(..., submodules=REFERENCE_SUBMODULES[__name__])`), never importing them
+# with the namespace itself. Here, so that `import cadence` loads nothing more than this module.
+REFERENCE_SUBMODULES: dict[str, tuple[str, ...]] = {
+    "cadence": (
+        "accelerator", "big_modeling", "checkpointing", "commands", "data_loader", "hooks",
+        "inference", "launchers", "local_sgd", "logging", "memory_utils", "optimizer",
+        "parallelism_config", "scheduler", "state", "test_utils", "tracking", "utils",
+    ),
+    "cadence.utils": (
+        "ao", "bnb", "constants", "dataclasses", "deepspeed", "environment", "fsdp_utils",
+        "imports", "launch", "megatron_lm", "memory", "modeling", "offload", "operations", "other",
+        "random", "rich", "torch_xla", "transformer_engine", "versions",
+    ),
+}  # fmt: skip
+
 
 def lazy_exports(
     module_name: str,
