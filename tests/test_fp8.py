@@ -37,11 +37,12 @@ class Stack(torch.nn.Module):
 
 
 def _ao_policy(handler=None):
+    from cadence.precision.choice import choose_precision
     from cadence.precision.fp8 import Float8Precision
-    from cadence.precision.policy import PrecisionRequest
 
-    request = PrecisionRequest("fp8", fp8_handler=handler)
-    return Float8Precision.build_fp8(request, torch.device("cpu"))
+    handlers = {} if handler is None else {type(handler).__name__: handler}
+    choice = choose_precision("fp8", {}, handlers=handlers)
+    return Float8Precision.build_fp8(choice, torch.device("cpu"))
 
 
 # -- the recipe handlers -----------------------------------------------------------------------------

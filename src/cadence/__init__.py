@@ -5,15 +5,13 @@ Public names are imported on first use, so `import cadence` costs almost nothing
 
 from __future__ import annotations
 
-from cadence.core.lazy_exports import lazy_exports
+from cadence.core.lazy_exports import REFERENCE_SUBMODULES, lazy_exports
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "Accelerator": "cadence.accelerator",
-    "PartialState": "cadence.runtime.state",
-    "AcceleratorState": "cadence.runtime.state",
-    "GradientState": "cadence.runtime.state",
+# The enums and option records that `cadence` and `cadence.utils` both export (as the reference's
+# namespaces do): one table, which cadence.utils takes from here.
+_CONFIGURATION_EXPORTS = {
     "DistributedType": "cadence.core.enums",
     "PrecisionType": "cadence.core.enums",
     "RNGType": "cadence.core.enums",
@@ -30,6 +28,14 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "cadence.options.dataclasses",
     "ProfileKwargs": "cadence.options.dataclasses",
     "FP8RecipeKwargs": "cadence.options.dataclasses",
+}
+
+_EXPORTS = {
+    **_CONFIGURATION_EXPORTS,
+    "Accelerator": "cadence.accelerator",
+    "PartialState": "cadence.runtime.state",
+    "AcceleratorState": "cadence.runtime.state",
+    "GradientState": "cadence.runtime.state",
     "skip_first_batches": "cadence.data",
     "notebook_launcher": "cadence.launch.launchers",
     "debug_launcher": "cadence.launch.launchers",
@@ -55,15 +61,7 @@ _EXPORTS = {
     "as_accelerate": "cadence.alias",
 }
 
-# The reference's package submodules, attributes once used (code reaches them that way), never
-# imported by `import cadence` itself.
-_SUBMODULES = (
-    "accelerator", "big_modeling", "checkpointing", "commands", "data_loader", "hooks", "inference",
-    "launchers", "local_sgd", "logging", "memory_utils", "optimizer", "parallelism_config",
-    "scheduler", "state", "test_utils", "tracking", "utils",
-)  # fmt: skip
-
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, submodules=REFERENCE_SUBMODULES[__name__])

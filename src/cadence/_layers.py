@@ -2,7 +2,7 @@
 tests/test_layers.py checks (a module imports only its own layer and the layers below it).
 
 A module belongs to the first entry that is its name or a package above it, so a package's
-submodule named earlier (`cadence.precision.choice`) sits lower than the rest of its package.
+submodule named earlier would sit lower than the rest of its package (none does today).
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("xla", ("cadence.xla",)),
     # cross-rank diagnostics: the watchdog, the ledger, failure reports
     ("diagnostics", ("cadence.diagnostics",)),
-    # option records and the one parse of the requested precision
-    ("options", ("cadence.options", "cadence.plugins", "cadence.precision.choice")),
+    # option records and plugins
+    ("options", ("cadence.options", "cadence.plugins")),
+    # the requested precision, parsed and checked once into a PrecisionChoice, and the policies
+    # that apply it (autocast, loss scaling, fp8); no process state
+    ("precision", ("cadence.precision",)),
     # the process runtime: topology, process group, process state, collectives
     ("runtime", ("cadence.runtime",)),
     # policies and wrappers, given what they need
-    ("policies", ("cadence.precision", "cadence.data", "cadence.bigmodel", "cadence.training")),
+    ("policies", ("cadence.data", "cadence.bigmodel", "cadence.training")),
     # one strategy per backend, owning its precision
     ("strategies", ("cadence.strategies",)),
     # storage and trackers

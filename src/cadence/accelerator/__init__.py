@@ -14,28 +14,20 @@ from ..core.enums import (
     RNGType,
 )
 from ..core.lazy_exports import lazy_exports
-from ..options.dataclasses import (
-    AORecipeKwargs,
-    AutocastKwargs,
-    DataLoaderConfiguration,
-    DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
-    GradientAccumulationPlugin,
-    GradScalerKwargs,
-    InitProcessGroupKwargs,
-    KwargsHandler,
-    MSAMPRecipeKwargs,
-    ProfileKwargs,
-    ProjectConfiguration,
-    TERecipeKwargs,
-    TorchDynamoPlugin,
-)
 from ..runtime.gradient_state import GradientState
 from ..runtime.state import AcceleratorState, PartialState
 from .facade import Accelerator
 
-# The backend plugins load on first use of their name (most scripts never name one).
+# The option records (their home is cadence.options.dataclasses, where cadence.utils takes them too),
+# and the backend plugins, which load on first use of their name (most scripts never name one).
+_OPTION_RECORDS = (
+    "AORecipeKwargs", "AutocastKwargs", "DataLoaderConfiguration", "DistributedDataParallelKwargs",
+    "FP8RecipeKwargs", "GradientAccumulationPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
+    "KwargsHandler", "MSAMPRecipeKwargs", "ProfileKwargs", "ProjectConfiguration", "TERecipeKwargs",
+    "TorchDynamoPlugin",
+)  # fmt: skip
 _EXPORTS = {
+    **dict.fromkeys(_OPTION_RECORDS, "cadence.options.dataclasses"),
     "DeepSpeedPlugin": "cadence.plugins.deepspeed",
     "FullyShardedDataParallelPlugin": "cadence.plugins.fsdp",
     "MegatronLMPlugin": "cadence.plugins.megatron",

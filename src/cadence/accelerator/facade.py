@@ -25,7 +25,7 @@ from ..options.dataclasses import (
     ProjectConfiguration,
 )
 from ..plugins.resolve import setup_device_mesh
-from ..precision.policy import Precision, PrecisionRequest, remove_forward_wrapper
+from ..precision.policy import Precision, remove_forward_wrapper
 from ..runtime import collectives as ops
 from ..runtime.state import AcceleratorState, GradientState
 from ..strategies import StrategyContext, select_strategy
@@ -33,7 +33,7 @@ from ..tracking import TrackerHub
 from .accumulation import GradientAccumulation
 from .checkpoint_methods import CheckpointMethods
 from .preparation import Preparer
-from .settings import AcceleratorSettings, fp8_recipe_handler
+from .settings import AcceleratorSettings
 from .stop_on_notice import arm_stop_on_notice
 from .weak_callback import weakly as _weakly
 
@@ -125,7 +125,7 @@ class Accelerator(CheckpointMethods):
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(
-            mixed_precision=settings.mixed_precision,
+            mixed_precision=settings.precision,
             cpu=settings.cpu,
             dynamo_plugin=settings.dynamo_plugin,
             deepspeed_plugin=settings.deepspeed_plugins,
@@ -150,18 +150,14 @@ class Accelerator(CheckpointMethods):
                 split_batches=self.dataloader_config.split_batches,
                 step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
             ),
-            PrecisionRequest(
-                self.state._mixed_precision,
-                self.autocast_handler,
-                self.scaler_handler,
-                fp8_recipe_handler(settings.handlers),
-            ),
+            # A later Accelerator of the process trains in the precision the state was created with.
+            settings.precision.adopt(self.state.precision_choice),
             self._prepared,
             self.gradient_state,
         )
         # fp8 without a recipe handler: the reference exposes the default recipe it chose.
         backend = getattr(self._strategy.precision, "fp8_backend", None)
-        if backend is not None and fp8_recipe_handler(settings.handlers) is None:
+        if backend is not None and settings.precision.fp8_handler is None:
             name = {"AO": "ao_recipe_handler", "TE": "te_recipe_handler"}[backend]
             setattr(self, name, self._strategy.precision.recipe_handler)
         self._preparer = Preparer(

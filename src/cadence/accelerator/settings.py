@@ -21,12 +21,7 @@ from ..options.dataclasses import (
     TorchDynamoPlugin,
 )
 from ..plugins.resolve import resolve_parallel_plugins
-from ..precision.choice import (
-    FP8_HANDLER_BACKENDS,
-    check_precision_supported,
-    fp8_handler_backend,
-    parse_mixed_precision,
-)
+from ..precision.choice import PrecisionChoice, choose_precision
 from ..xla.runtime import xla_requested
 
 # Constructor arguments of older releases that still reach us through user scripts.
@@ -42,7 +37,7 @@ class AcceleratorSettings:
     """The checked settings an `Accelerator` is built from, one field per choice."""
 
     device_placement: bool
-    mixed_precision: str | None
+    precision: PrecisionChoice
     cpu: bool
     dataloader_config: DataLoaderConfiguration
     project_config: ProjectConfiguration
@@ -85,7 +80,6 @@ class AcceleratorSettings:
                 )
         steps = args["gradient_accumulation_steps"]
         sources = {
-            "mixed_precision": resolve("mixed_precision", args["mixed_precision"], "no", launch),
             "gradient_accumulation_steps": resolve(
                 "gradient_accumulation_steps", None if steps == 1 else steps, 1, launch
             ),
@@ -93,7 +87,6 @@ class AcceleratorSettings:
         }
         sources["use_cpu"] = resolve_flag("use_cpu", args["cpu"], launch)
         sources["debug"] = resolve_flag("debug", None, launch)
-        mixed_precision = parse_mixed_precision(sources["mixed_precision"].value)
         xla = xla_requested(bool(sources["use_cpu"].value), launch)
         if xla and (args["deepspeed_plugins"] or args["deepspeed_plugin"]):
             raise _xla_deepspeed_error()
@@ -105,28 +98,25 @@ class AcceleratorSettings:
             launch=launch,
         )
         handlers = _handlers(kwargs_handlers)
-        fp8_handler = fp8_recipe_handler(handlers)
-        if (
-            fp8_handler is not None
-            and mixed_precision != "fp8"
-            and not (parallel.fsdp_plugin or parallel.deepspeed_plugins)
-        ):
-            raise ValueError(
-                f"Passing in an FP8 configuration ({type(fp8_handler).__name__}) requires setting "
-                "`mixed_precision='fp8'`."
-            )
-        # The device is not known yet; the strategy checks it again once it is.
-        check_precision_supported(
-            mixed_precision,
+        # The one parse and check of the precision. The device is known here only for cpu=True and
+        # XLA; the strategy checks the device it gets (an FP8 GPU) once it exists.
+        precision = choose_precision(
+            args["mixed_precision"],
+            launch,
+            handlers=handlers,
             device_type="xla" if xla else "cpu" if args["cpu"] else None,
-            engine="deepspeed" if parallel.deepspeed_plugins else None,
-            fp8_backend=fp8_handler_backend(fp8_handler),
+            deepspeed=parallel.deepspeed_plugins,
+            fsdp=parallel.fsdp_plugin,
         )
+        sources = {
+            "mixed_precision": Resolved(precision.mixed_precision, precision.source),
+            **sources,
+        }
         if xla and parallel.deepspeed_plugins:  # asked for through the launcher or the environment
             raise _xla_deepspeed_error()
         return cls(
             device_placement=bool(args["device_placement"]),
-            mixed_precision=args["mixed_precision"],  # AcceleratorState resolves it the same way
+            precision=precision,
             cpu=bool(args["cpu"]),
             dataloader_config=dataloader_config,
             project_config=project_config,
@@ -266,15 +256,6 @@ def _rng_types(rng_types: Any) -> list[str]:
                 f"Unknown rng_types entry {item!r}: use {', '.join(RNGType.list())}."
             ) from None
     return result
-
-
-def fp8_recipe_handler(handlers: dict[str, KwargsHandler]) -> KwargsHandler | None:
-    """The FP8 recipe handler among `handlers` (AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs or the
-    deprecated FP8RecipeKwargs), or None."""
-    for name in (*FP8_HANDLER_BACKENDS, "FP8RecipeKwargs"):
-        if name in handlers:
-            return handlers[name]
-    return None
 
 
 def _handlers(kwargs_handlers: Any) -> dict[str, KwargsHandler]:

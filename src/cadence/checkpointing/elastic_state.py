@@ -16,6 +16,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from .serialization import numpy_rng_record
+
 
 def derived_seed(rank0_state: Mapping[str, Any], rank: int) -> int:
     """The seed of new rank `rank`, from rank 0's saved RNG state (see the module docstring)."""
@@ -36,14 +38,8 @@ def derive_rng_state(rank0_state: Mapping[str, Any], rank: int) -> dict[str, Any
     if "numpy_random_seed" in rank0_state:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.RandomState(seed % (1 << 32)).get_state()
-        state["numpy_random_seed"] = (
-            str(kind),
-            torch.from_numpy(keys.astype(np.int64)),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        )
+        generator = np.random.RandomState(seed % (1 << 32))
+        state["numpy_random_seed"] = numpy_rng_record(generator.get_state())
     state["torch_manual_seed"] = torch.Generator().manual_seed(seed).get_state()
     for key, value in rank0_state.items():
         if key.startswith("torch_") and key.endswith("_manual_seed") and key != "torch_manual_seed":

@@ -497,6 +497,17 @@ def apply_model_state(
 
 
 # --------------------------------------------------------------------------- RNG state
+def numpy_rng_record(numpy_state: tuple[Any, ...]) -> tuple[str, Any, int, int, float]:
+    """numpy's `RandomState.get_state()` as a checkpoint stores it: the key array as an int64 tensor,
+    so that the file loads with weights_only=True and no numpy global."""
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, cached = numpy_state
+    keys = torch.from_numpy(keys.astype(np.int64))
+    return str(kind), keys, int(pos), int(has_gauss), float(cached)
+
+
 def capture_rng_state(step: int | None = None) -> dict[str, Any]:
     """RNG states of this process (python, numpy, torch, accelerators) as tensors and plain values.
 
@@ -512,14 +523,7 @@ def capture_rng_state(step: int | None = None) -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy_random_seed"] = (
-            str(kind),
-            torch.from_numpy(keys.astype(np.int64)),
-            int(pos),
-            int(has_gauss),
-            float(cached),
-        )
+        state["numpy_random_seed"] = numpy_rng_record(np.random.get_state())
     except ImportError:
         pass
     state["torch_manual_seed"] = torch.get_rng_state()

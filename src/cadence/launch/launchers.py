@@ -11,6 +11,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -22,7 +23,7 @@ from ..diagnostics.failure_report import (
     format_failure_summary,
 )
 from ..diagnostics.signing import JOB_TOKEN_ENV, new_job_token
-from ..precision.choice import check_precision_supported
+from ..precision.choice import check_precision_supported, resolve_mixed_precision
 from ..runtime.cuda_probe import (
     NVML_CHECK_ENV,
     cuda_compute_capability,
@@ -30,7 +31,7 @@ from ..runtime.cuda_probe import (
     cuda_initialized,
 )
 from ..runtime.hardware import usable_cpu_count, visible_gpu_count
-from ..runtime.state import AcceleratorState, PartialState, resolve_mixed_precision
+from ..runtime.state import AcceleratorState, PartialState
 from ..xla.runtime import planned_device_kind, xla_requested
 from .bounds import OVERSUBSCRIBE_ENV, notebook_launcher_problems
 from .env import PrepareForLaunch
@@ -135,23 +136,31 @@ def _named(function: Callable[..., Any]) -> Callable[..., Any]:
     return named
 
 
+@dataclass(frozen=True)
+class _AgentOptions:
+    """How the elastic agent meets the other machines and supervises its workers (the rendezvous and
+    agent arguments of `notebook_launcher`; the defaults are one machine, as `debug_launcher` runs)."""
+
+    master_addr: str
+    port: int | str
+    node_rank: int = 0
+    num_nodes: int = 1
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: dict[str, Any] | None = None
+    rdzv_id: str = "none"
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    log_line_prefix_template: str | None = None
+
+
 def _launch_with_elastic_agent(
     function: Callable[..., Any],
     args: tuple[Any, ...],
     *,
     num_processes: int,
     settings: dict[str, Any],
-    master_addr: str,
-    port: int | str,
-    node_rank: int = 0,
-    num_nodes: int = 1,
-    rdzv_backend: str = "static",
-    rdzv_endpoint: str = "",
-    rdzv_conf: dict[str, Any] | None = None,
-    rdzv_id: str = "none",
-    max_restarts: int = 0,
-    monitor_interval: float = 0.1,
-    log_line_prefix_template: str | None = None,
+    agent: _AgentOptions,
 ) -> None:
     import shutil
     import tempfile
@@ -160,42 +169,47 @@ def _launch_with_elastic_agent(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     log_dir = tempfile.mkdtemp(prefix="cadence-launch-")
-    rdzv_configs = dict(rdzv_conf or {})
-    if rdzv_backend == "static":
-        rdzv_configs.setdefault("rank", node_rank)
+    rdzv_configs = dict(agent.rdzv_conf or {})
+    if agent.rdzv_backend == "static":
+        rdzv_configs.setdefault("rank", agent.node_rank)
     config = LaunchConfig(
-        min_nodes=num_nodes,
-        max_nodes=num_nodes,
+        min_nodes=agent.num_nodes,
+        max_nodes=agent.num_nodes,
         nproc_per_node=num_processes,
-        run_id=rdzv_id if rdzv_id != "none" else uuid.uuid4().hex[:8],
-        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}",
-        rdzv_backend=rdzv_backend,
+        run_id=agent.rdzv_id if agent.rdzv_id != "none" else uuid.uuid4().hex[:8],
+        rdzv_endpoint=agent.rdzv_endpoint or f"{agent.master_addr}:{agent.port}",
+        rdzv_backend=agent.rdzv_backend,
         rdzv_configs=rdzv_configs,
-        max_restarts=max_restarts,
-        monitor_interval=monitor_interval,
+        max_restarts=agent.max_restarts,
+        monitor_interval=agent.monitor_interval,
         start_method="fork",
-        log_line_prefix_template=log_line_prefix_template,
+        log_line_prefix_template=agent.log_line_prefix_template,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     # The watchdog's signing secret goes to the forked workers through the environment only. Several
     # machines must share one: only a CADENCE_JOB_TOKEN set by the user can be (else: unsigned records).
-    token = os.environ.get(JOB_TOKEN_ENV) or (new_job_token() if num_nodes == 1 else "")
+    token = os.environ.get(JOB_TOKEN_ENV) or (new_job_token() if agent.num_nodes == 1 else "")
     # The static rendezvous keeps its store on this port: listen on the master address only.
     hosts_store = (
-        rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint and int(port) != 0
+        agent.rdzv_backend == "static"
+        and agent.node_rank == 0
+        and not agent.rdzv_endpoint
+        and int(agent.port) != 0
     )
     with (
         _environment(
             **{LAUNCH_CONFIG_ENV: encode_launch_config(settings)},
-            MASTER_ADDR=master_addr,
-            MASTER_PORT=str(port),
+            MASTER_ADDR=agent.master_addr,
+            MASTER_PORT=str(agent.port),
             OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
             **({JOB_TOKEN_ENV: token} if token else {}),
             # Whatever asks torch about CUDA in this process while the agent runs (torch's own agent
             # included) asks NVML, so the parent never creates the CUDA context that would break fork.
             **{NVML_CHECK_ENV: "1"},
         ),
-        store_bound_to(master_addr, int(port), num_nodes > 1) if hosts_store else _nothing(),
+        store_bound_to(agent.master_addr, int(agent.port), agent.num_nodes > 1)
+        if hosts_store
+        else _nothing(),
     ):
         try:
             elastic_launch(config=config, entrypoint=_named(function))(*args)
@@ -311,22 +325,12 @@ def notebook_launcher(
         "mixed_precision": mixed_precision,
         "backend": backend,
     }
+    agent = _AgentOptions(
+        master_addr, use_port, node_rank, num_nodes, rdzv_backend, rdzv_endpoint, rdzv_conf,
+        rdzv_id, max_restarts, monitor_interval, log_line_prefix_template,
+    )  # fmt: skip
     _launch_with_elastic_agent(
-        function,
-        args,
-        num_processes=num_processes,
-        settings=settings,
-        master_addr=master_addr,
-        port=use_port,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_conf=rdzv_conf,
-        rdzv_id=rdzv_id,
-        max_restarts=max_restarts,
-        monitor_interval=monitor_interval,
-        log_line_prefix_template=log_line_prefix_template,
+        function, args, num_processes=num_processes, settings=settings, agent=agent
     )
 
 
@@ -343,13 +347,9 @@ def debug_launcher(
         "backend": "gloo",
         "mixed_precision": "no",
     }
+    agent = _AgentOptions(master_addr="127.0.0.1", port=_free_port())
     _launch_with_elastic_agent(
-        function,
-        args,
-        num_processes=num_processes,
-        settings=settings,
-        master_addr="127.0.0.1",
-        port=_free_port(),
+        function, args, num_processes=num_processes, settings=settings, agent=agent
     )
 
 

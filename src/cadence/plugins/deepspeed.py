@@ -384,8 +384,27 @@ class DeepSpeedPlugin:
                 + "\nSet them to 'auto' in the DeepSpeed config to take the Accelerator's values."
             )
 
+    def check_mixed_precision(self, mixed_precision: str) -> None:
+        """Raise when the config enables the other half precision than `mixed_precision` (checked
+        by `cadence.precision.choice.choose_precision` before any side effect)."""
+        if mixed_precision == "no":
+            return
+        other = "bf16" if mixed_precision == "fp16" else "fp16"
+        enabled = self.deepspeed_config.get(other, {}).get("enabled", "False")
+        if str(enabled).lower() == "true":
+            raise ValueError(
+                f"mixed_precision={mixed_precision!r} conflicts with `{other}` enabled in the DeepSpeed "
+                "config: choose one."
+            )
+
     def set_mixed_precision(self, mixed_precision: str) -> None:
         """Turn on the config's fp16/bf16 section to match the Accelerator's mixed precision."""
+        self.check_mixed_precision(mixed_precision)
+        self.enable_mixed_precision(mixed_precision)
+
+    def enable_mixed_precision(self, mixed_precision: str) -> None:
+        """`set_mixed_precision` for a precision already checked against this config (the process
+        state applies the Accelerator's `PrecisionChoice` this way)."""
         config = self.deepspeed_config
         enabled = {
             "fp16.enabled": mixed_precision == "fp16",
@@ -397,13 +416,6 @@ class DeepSpeedPlugin:
             config["bf16"] = {"enabled": True}
         if mixed_precision == "fp8" and self.enable_msamp and "msamp" not in config:
             config["msamp"] = {"enabled": True, "opt_level": self.msamp_opt_level}
-        if mixed_precision != "no":
-            other = "bf16" if mixed_precision == "fp16" else "fp16"
-            if str(config.get(other, {}).get("enabled", "False")).lower() == "true":
-                raise ValueError(
-                    f"mixed_precision={mixed_precision!r} conflicts with `{other}` enabled in the DeepSpeed "
-                    "config: choose one."
-                )
         for dtype in ("fp16", "bf16"):
             config.setdefault(dtype, {"enabled": False})
         self.fill_match("fp16.enabled", must_match=False, **enabled)

@@ -119,7 +119,7 @@ def configure_state(state: Any, plugins: ParallelPlugins) -> None:
         deepspeed = plugins.deepspeed_plugins
         named = deepspeed if isinstance(deepspeed, dict) else {"default": deepspeed}
         for plugin in named.values():
-            plugin.set_mixed_precision(state._mixed_precision)
+            plugin.enable_mixed_precision(state._mixed_precision)  # checked by choose_precision
         next(iter(named.values())).select(_from_accelerator_state=True)
         state.deepspeed_plugins = deepspeed
     elif plugins.fsdp_plugin is not None:

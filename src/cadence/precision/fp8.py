@@ -1,6 +1,7 @@
 """FP8 training: the model's linear layers compute in float8, everything else under bf16 autocast.
 
-Two backends, chosen by `cadence.strategies.select_precision` (see `precision_choice.resolve_fp8_backend`):
+Two backends, chosen once by `choice.choose_precision` (its `fp8_backend`) and applied by the policy that
+`cadence.strategies.select_precision` builds:
 
 - torchao ("AO"): `nn.Linear` layers become `torchao.float8.Float8Linear` (dynamic scaling) with the
   recipe of `AORecipeKwargs.config` (a `Float8LinearConfig`). The first and last linear layers and those
@@ -23,8 +24,8 @@ from typing import Any
 import torch
 
 from ..options.dataclasses import AORecipeKwargs, TERecipeKwargs
-from .choice import fp8_handler_backend, resolve_fp8_backend
-from .policy import AutocastPrecision, PrecisionRequest
+from .choice import PrecisionChoice, fp8_handler_backend
+from .policy import AutocastPrecision
 
 
 def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, str | None]:
@@ -162,15 +163,20 @@ class Float8Precision(AutocastPrecision):
 
     @classmethod
     def build_fp8(
-        cls, request: PrecisionRequest, device: torch.device, fsdp2: bool = False
+        cls, choice: PrecisionChoice, device: torch.device, fsdp2: bool = False
     ) -> Float8Precision:
-        """The policy for `request` (its `fp8_handler` names the backend and recipe) on `device`."""
-        handler = request.fp8_handler
-        named = fp8_handler_backend(handler)
-        backend = resolve_fp8_backend(named)
-        if handler is None or named is None:
+        """The policy for `choice` (its `fp8_backend`, and the recipe of its `fp8_handler` or the
+        backend's default recipe) on `device`."""
+        backend = choice.fp8_backend
+        if backend is None:
+            raise ValueError(
+                "Float8Precision needs the FP8 backend of the choice: build it with "
+                "cadence.precision.choice.choose_precision('fp8', ...)."
+            )
+        handler = choice.fp8_handler
+        if handler is None or fp8_handler_backend(handler) is None:
             handler = _default_handler(backend)
-        autocast = request.autocast_handler.to_kwargs() if request.autocast_handler else {}
+        autocast = choice.autocast_handler.to_kwargs() if choice.autocast_handler else {}
         return cls(backend, device.type, handler, autocast, fsdp2=fsdp2)
 
     @property

@@ -1,5 +1,5 @@
-"""Mixed precision, owned by the strategy: autocast, fp32 outputs, loss scaling and the one check of
-which precision a backend can run.
+"""Mixed precision, owned by the strategy: autocast, fp32 outputs and loss scaling, built from the
+`PrecisionChoice` that `choice.choose_precision` made (nothing here parses or checks the name again).
 
 Four policies, chosen with the strategy by `cadence.strategies.select_strategy`:
 
@@ -15,19 +15,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..core.enums import DistributedType
-from ..runtime.collectives import recursively_apply
-from ..runtime.state import AcceleratorState
-from .choice import check_precision_supported as check_precision_supported
-from .choice import parse_mixed_precision as parse_mixed_precision
+from ..core.nested import recursively_apply
+from .choice import PrecisionChoice
 
 # fp8 runs its converted linears in float8 and everything else under bf16 autocast (the reference's way).
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -56,16 +52,6 @@ def convert_outputs_to_fp32(model_forward: Any) -> Any:
 
     forward_in_fp32._cadence_wrapped_forward = model_forward  # type: ignore[attr-defined]
     return forward_in_fp32
-
-
-@dataclass(frozen=True)
-class PrecisionRequest:
-    """What the user asked for: the precision name and the handlers that tune autocast and the scaler."""
-
-    mixed_precision: str = "no"
-    autocast_handler: Any = None
-    scaler_handler: Any = None
-    fp8_handler: Any = None
 
 
 class Precision:
@@ -115,17 +101,17 @@ class AutocastPrecision(Precision):
         self.scaler = scaler
 
     @classmethod
-    def build(cls, request: PrecisionRequest, device: torch.device) -> AutocastPrecision:
-        """The policy for `request` on `device` (with a GradScaler for fp16)."""
-        handler = request.autocast_handler
+    def build(cls, choice: PrecisionChoice, device: torch.device) -> AutocastPrecision:
+        """The policy for `choice` on `device` (with a GradScaler for fp16)."""
+        handler = choice.autocast_handler
         kwargs = handler.to_kwargs() if handler is not None else {}
-        return cls(request.mixed_precision, device.type, kwargs, cls._scaler(request, device))
+        return cls(choice.mixed_precision, device.type, kwargs, cls._scaler(choice, device))
 
     @staticmethod
-    def _scaler(request: PrecisionRequest, device: torch.device) -> Any:
-        if request.mixed_precision != "fp16":
+    def _scaler(choice: PrecisionChoice, device: torch.device) -> Any:
+        if choice.mixed_precision != "fp16":
             return None
-        handler = request.scaler_handler
+        handler = choice.scaler_handler
         return torch.amp.GradScaler(device.type, **(handler.to_kwargs() if handler else {}))
 
     @property
@@ -142,7 +128,7 @@ class AutocastPrecision(Precision):
         if kwargs.get("cache_enabled", 0) is None:
             kwargs.pop("cache_enabled")
         return torch.autocast(
-            device_type=self.device_type, dtype=_AUTOCAST_DTYPES[self.mixed_precision], **kwargs
+            device_type=self.device_type, dtype=AUTOCAST_DTYPES[self.mixed_precision], **kwargs
         )
 
     def _autocast_factory(self) -> Any:
@@ -154,7 +140,7 @@ class AutocastPrecision(Precision):
         return functools.partial(
             torch.autocast,
             device_type=self.device_type,
-            dtype=_AUTOCAST_DTYPES[self.mixed_precision],
+            dtype=AUTOCAST_DTYPES[self.mixed_precision],
             **kwargs,
         )
 
@@ -175,12 +161,12 @@ class ShardedAutocastPrecision(AutocastPrecision):
     """Autocast with torch's `ShardedGradScaler`: ranks that each hold a gradient shard agree on skipping."""
 
     @staticmethod
-    def _scaler(request: PrecisionRequest, device: torch.device) -> Any:
-        if request.mixed_precision != "fp16":
+    def _scaler(choice: PrecisionChoice, device: torch.device) -> Any:
+        if choice.mixed_precision != "fp16":
             return None
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        handler = request.scaler_handler
+        handler = choice.scaler_handler
         return ShardedGradScaler(device.type, **(handler.to_kwargs() if handler else {}))
 
 
@@ -225,39 +211,3 @@ def remove_forward_wrapper(model: torch.nn.Module) -> None:
             model.__dict__.pop("forward", None)
         else:
             model.forward = original
-
-
-def get_mixed_precision_context_manager(
-    native_amp: bool = False, autocast_kwargs: Any = None
-) -> Any:
-    """The autocast context of the current process's mixed precision (a no-op context when
-    `native_amp` is False or the precision is "no").
-
-    Example::
-
-        with get_mixed_precision_context_manager(native_amp=True):
-            outputs = model(inputs)
-    """
-    state = AcceleratorState()
-    if not native_amp or state.mixed_precision not in _AUTOCAST_DTYPES:
-        return contextlib.nullcontext()
-    kwargs = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
-    return torch.autocast(
-        device_type=state.device.type, dtype=_AUTOCAST_DTYPES[state.mixed_precision], **kwargs
-    )
-
-
-def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
-    """A gradient scaler for this process's device: torch's `ShardedGradScaler` under FSDP, else
-    `torch.amp.GradScaler` (`kwargs` go to the scaler).
-
-    Example::
-
-        scaler = get_grad_scaler(init_scale=1024)
-    """
-    device_type = AcceleratorState().device.type
-    if distributed_type == DistributedType.FSDP:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # heavy
-
-        return ShardedGradScaler(device_type, **kwargs)
-    return torch.amp.GradScaler(device_type, **kwargs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -11,6 +11,12 @@ import torch.distributed as dist
 
 from ..core.enums import DistributedType
 from ..core.input_errors import with_rank
+from ..core.nested import UnsupportedType as _UnsupportedType
+from ..core.nested import honor_type as honor_type
+from ..core.nested import is_namedtuple as is_namedtuple
+from ..core.nested import is_tensor as is_tensor
+from ..core.nested import is_torch_tensor as is_torch_tensor
+from ..core.nested import recursively_apply as recursively_apply
 from ..diagnostics import ledger as _ledger_module
 from ..diagnostics.errors import DistributedOperationException as DistributedOperationException
 from ..diagnostics.precheck import check_collective
@@ -22,74 +28,6 @@ _ledger = _ledger_module.ledger
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCTIONS = ("sum", "mean", "none", "max")
-
-
-def is_torch_tensor(tensor: Any) -> bool:
-    """Whether `tensor` is a `torch.Tensor`."""
-    return isinstance(tensor, torch.Tensor)
-
-
-is_tensor = is_torch_tensor  # the name Cadence's modules use
-
-
-def is_namedtuple(data: Any) -> bool:
-    """Whether `data` is a namedtuple instance."""
-    return isinstance(data, tuple) and hasattr(data, "_fields")
-
-
-def honor_type(obj: Any, generator: Any) -> Any:
-    """Rebuild a list/tuple/namedtuple of the same type as `obj` from the items of `generator`."""
-    if is_namedtuple(obj):
-        return type(obj)(*generator)
-    return type(obj)(generator)
-
-
-class _UnsupportedType(TypeError):
-    """recursively_apply's refusal of a leaf it cannot handle (a TypeError, as in the reference)."""
-
-
-def recursively_apply(
-    func: Callable[..., Any],
-    data: Any,
-    *args: Any,
-    test_type: Callable[[Any], bool] = is_torch_tensor,
-    error_on_other_type: bool = False,
-    **kwargs: Any,
-) -> Any:
-    """Apply `func` to every leaf of `data` that passes `test_type`, keeping the nesting."""
-    if isinstance(data, (tuple, list)):
-        return honor_type(
-            data,
-            (
-                recursively_apply(
-                    func, item, *args, test_type=test_type,
-                    error_on_other_type=error_on_other_type, **kwargs,
-                )
-                for item in data
-            ),
-        )  # fmt: skip
-    if isinstance(data, Mapping):
-        return type(data)(
-            {
-                key: recursively_apply(
-                    func, value, *args, test_type=test_type,
-                    error_on_other_type=error_on_other_type, **kwargs,
-                )
-                for key, value in data.items()
-            }
-        )  # fmt: skip
-    if test_type(data):
-        return func(data, *args, **kwargs)
-    if error_on_other_type:
-        # The reference's exact wording: scripts and tests compare the whole message.
-        raise _UnsupportedType(
-            with_rank(
-                f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. "
-                "Only nested list/tuple/dicts of objects that are valid for "
-                f"`{getattr(test_type, '__name__', test_type)}` should be passed."
-            )
-        )
-    return data
 
 
 class _FastState:

@@ -16,12 +16,13 @@ import torch.distributed as dist
 
 from ..core.enums import DistributedType
 from ..core.input_errors import forgotten_state_error
-from ..core.settings import device_from_env, read_launch_config, resolve, resolve_flag
+from ..core.settings import device_from_env, read_launch_config, resolve_flag
 from ..core.shared_state import ThreadLocalSharedDict as ThreadLocalSharedDict
 from ..core.shared_state import do_nothing as do_nothing
 from ..diagnostics.settings import resolve_watch_settings
 from ..plugins.resolve import ParallelPlugins, configure_state
-from ..precision.choice import parse_mixed_precision
+from ..precision.choice import PrecisionChoice, choose_precision
+from ..precision.choice import resolve_mixed_precision as resolve_mixed_precision
 from ..xla import runtime as xla_runtime
 from ..xla.spmd import spmd_plan
 from . import process_control as execution
@@ -342,7 +343,7 @@ class AcceleratorState:
 
     def __init__(
         self,
-        mixed_precision: str | None = None,
+        mixed_precision: str | PrecisionChoice | None = None,
         cpu: bool = False,
         dynamo_plugin: Any = None,
         deepspeed_plugin: Any = None,
@@ -361,14 +362,28 @@ class AcceleratorState:
                 partial = PartialState(cpu, **kwargs)
                 self.__dict__.update(partial.__dict__)
                 self.partial_state = partial
-            if mixed_precision is not None and str(mixed_precision) != self._mixed_precision:
+            asked = mixed_precision
+            if isinstance(
+                asked, PrecisionChoice
+            ):  # an Accelerator's: compared when passed explicitly
+                asked = asked.mixed_precision if asked.explicit else None
+            if asked is not None and str(asked) != self._mixed_precision:
                 raise ValueError(
                     f"AcceleratorState was already created with mixed_precision={self._mixed_precision!r}; "
-                    f"a second Accelerator asks for {str(mixed_precision)!r}. Create one Accelerator per "
+                    f"a second Accelerator asks for {str(asked)!r}. Create one Accelerator per "
                     "process, or call cadence.state.reset_state() between trainings."
                 )
             return
         launch = read_launch_config()
+        if not isinstance(mixed_precision, PrecisionChoice):
+            # Created directly (not by an Accelerator, whose settings made the choice before any
+            # side effect): the same one parse and check, before this one's side effects.
+            mixed_precision = choose_precision(
+                mixed_precision,
+                launch,
+                deepspeed=deepspeed_plugin,
+                fsdp=fsdp_plugin,
+            )
         if (
             (fsdp_plugin is not None or parallelism_config is not None)
             and not PartialState._shared_state
@@ -383,7 +398,8 @@ class AcceleratorState:
                 xla_runtime.start_spmd()
         partial = PartialState(cpu, **kwargs)
         self.__dict__.update(partial.__dict__)
-        self._mixed_precision = resolve_mixed_precision(mixed_precision, launch)
+        self._precision_choice = mixed_precision
+        self._mixed_precision = mixed_precision.mixed_precision
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugins = deepspeed_plugin
         self.fsdp_plugin = fsdp_plugin
@@ -442,6 +458,11 @@ class AcceleratorState:
         """Run the block on each machine's main process first (see `PartialState`)."""
         with PartialState().local_main_process_first():
             yield
+
+    @property
+    def precision_choice(self) -> PrecisionChoice:
+        """The precision this state was created with, as parsed and checked once (`choose_precision`)."""
+        return self._precision_choice
 
     @property
     def mixed_precision(self) -> str:
@@ -518,11 +539,6 @@ class AcceleratorState:
         cls._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
-
-
-def resolve_mixed_precision(requested: Any, launch: dict[str, Any]) -> str:
-    """Explicit argument > launch record > environment > "no"; validated."""
-    return parse_mixed_precision(resolve("mixed_precision", requested, "no", launch).value)
 
 
 def reset_state(destroy_process_group: bool = False) -> None:

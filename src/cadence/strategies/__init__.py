@@ -11,14 +11,12 @@ import torch
 
 from ..core.enums import DistributedType
 from ..core.prepared import PreparedObjects
-from ..precision.choice import fp8_handler_backend
+from ..precision.choice import PrecisionChoice
 from ..precision.policy import (
     AutocastPrecision,
     EnginePrecision,
     Precision,
-    PrecisionRequest,
     ShardedAutocastPrecision,
-    check_precision_supported,
 )
 from ..runtime.state import GradientState
 from .base import Strategy
@@ -30,41 +28,36 @@ if TYPE_CHECKING:
 __all__ = ["Strategy", "StrategyContext", "select_strategy", "select_precision"]
 
 
-def select_precision(context: StrategyContext, request: PrecisionRequest) -> Precision:
-    """The precision policy of the backend in `context` for what `request` asks."""
+def select_precision(context: StrategyContext, choice: PrecisionChoice) -> Precision:
+    """The precision policy of the backend in `context` for `choice` (parsed and checked once, in the
+    Accelerator's settings; only the device this process got is checked here)."""
     if context.distributed_type == DistributedType.DEEPSPEED:
-        check_precision_supported(request.mixed_precision, device_type=None, engine="deepspeed")
         return EnginePrecision(context.mixed_precision)
     capability = None
-    if request.mixed_precision == "fp8" and context.device.type == "cuda":
+    if choice.mixed_precision == "fp8" and context.device.type == "cuda":
         capability = torch.cuda.get_device_capability(
             context.device
         )  # this worker uses CUDA anyway
-    check_precision_supported(
-        request.mixed_precision,
-        device_type=context.device.type,
-        fp8_backend=fp8_handler_backend(request.fp8_handler),
-        capability=capability,
-    )
-    if request.mixed_precision == "no":
+    choice.check_device(context.device.type, capability)
+    if choice.mixed_precision == "no":
         return Precision()
-    if request.mixed_precision == "fp8":
-        return _float8_precision(context, request)
+    if choice.mixed_precision == "fp8":
+        return _float8_precision(context, choice)
     if context.distributed_type == DistributedType.XLA:  # bf16 through torch.autocast("xla")
-        return AutocastPrecision.build(request, context.device)
+        return AutocastPrecision.build(choice, context.device)
     sharded = context.distributed_type == DistributedType.FSDP or (
         context.parallelism_config is not None and context.parallelism_config.tp_enabled
     )
     policy = ShardedAutocastPrecision if sharded and context.use_distributed else AutocastPrecision
-    return policy.build(request, context.device)
+    return policy.build(choice, context.device)
 
 
-def _float8_precision(context: StrategyContext, request: PrecisionRequest) -> Float8Precision:
+def _float8_precision(context: StrategyContext, choice: PrecisionChoice) -> Float8Precision:
     from ..precision.fp8 import Float8Precision  # deferred: FP8 conversion loads only for fp8
 
     fsdp = context.distributed_type == DistributedType.FSDP
     fsdp2 = fsdp and context.fsdp_plugin.fsdp_version == 2
-    policy = Float8Precision.build_fp8(request, context.device, fsdp2=fsdp2)
+    policy = Float8Precision.build_fp8(choice, context.device, fsdp2=fsdp2)
     if policy.backend == "AO" and fsdp and context.fsdp_plugin.cpu_ram_efficient_loading:
         raise ValueError(
             "torchao FP8 with FSDP and cpu_ram_efficient_loading is not supported (the float8 layers "
@@ -75,12 +68,12 @@ def _float8_precision(context: StrategyContext, request: PrecisionRequest) -> Fl
 
 def select_strategy(
     context: StrategyContext,
-    request: PrecisionRequest,
+    choice: PrecisionChoice,
     prepared: PreparedObjects,
     gradient_state: GradientState,
 ) -> Strategy:
     """The strategy for the backend in `context`, holding the precision policy chosen for it."""
-    precision = select_precision(context, request)
+    precision = select_precision(context, choice)
     distributed_type = context.distributed_type
     if distributed_type == DistributedType.XLA:
         from .xla import XLAStrategy  # deferred: torch_xla loads only when an XLA device is used

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cadence.core.lazy_exports import lazy_exports
+from cadence import _CONFIGURATION_EXPORTS
+from cadence.core.lazy_exports import REFERENCE_SUBMODULES, lazy_exports
 
 _EXPORTS = {
     # collectives and device moves
@@ -21,25 +22,10 @@ _EXPORTS = {
     "set_seed": "cadence.runtime.random",
     "synchronize_rng_state": "cadence.runtime.random",
     "synchronize_rng_states": "cadence.runtime.random",
-    # enums and configuration
-    "DistributedType": "cadence.core.enums",
-    "PrecisionType": "cadence.core.enums",
-    "RNGType": "cadence.core.enums",
-    "LoggerType": "cadence.core.enums",
-    "DynamoBackend": "cadence.core.enums",
-    "DDPCommunicationHookType": "cadence.core.enums",
+    # enums and configuration (those the top-level namespace exports too: from its table)
+    **_CONFIGURATION_EXPORTS,
     "ComputeEnvironment": "cadence.core.enums",
-    "DataLoaderConfiguration": "cadence.options.dataclasses",
-    "ProjectConfiguration": "cadence.options.dataclasses",
-    "GradientAccumulationPlugin": "cadence.options.dataclasses",
-    "TorchDynamoPlugin": "cadence.options.dataclasses",
     "KwargsHandler": "cadence.options.dataclasses",
-    "AutocastKwargs": "cadence.options.dataclasses",
-    "DistributedDataParallelKwargs": "cadence.options.dataclasses",
-    "GradScalerKwargs": "cadence.options.dataclasses",
-    "InitProcessGroupKwargs": "cadence.options.dataclasses",
-    "ProfileKwargs": "cadence.options.dataclasses",
-    "FP8RecipeKwargs": "cadence.options.dataclasses",
     "AORecipeKwargs": "cadence.options.dataclasses",
     "TERecipeKwargs": "cadence.options.dataclasses",
     "MSAMPRecipeKwargs": "cadence.options.dataclasses",
@@ -251,8 +237,8 @@ _EXPORTS = {
     "compare_versions": "cadence.core.versions",
     "is_torch_version": "cadence.core.versions",
     # big-model inference (issue 16)
-    "get_grad_scaler": "cadence.precision.policy",
-    "get_mixed_precision_context_manager": "cadence.precision.policy",
+    "get_grad_scaler": "cadence.runtime.autocast",
+    "get_mixed_precision_context_manager": "cadence.runtime.autocast",
     "infer_auto_device_map": "cadence.utils.modeling",
     "load_checkpoint_in_model": "cadence.utils.modeling",
     "load_state_dict": "cadence.utils.modeling",
@@ -295,11 +281,4 @@ _ALIASES = {
 __all__ = sorted(_EXPORTS)
 
 
-# The reference's `accelerate.utils` submodules, attributes once used (code reaches them that way).
-_SUBMODULES = (
-    "ao", "bnb", "constants", "dataclasses", "deepspeed", "environment", "fsdp_utils", "imports",
-    "launch", "megatron_lm", "memory", "modeling", "offload", "operations", "other", "random", "rich",
-    "torch_xla", "transformer_engine", "versions",
-)  # fmt: skip
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _ALIASES, _SUBMODULES)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _ALIASES, REFERENCE_SUBMODULES[__name__])

@@ -49,7 +49,7 @@ from ..bigmodel.tensors import (
     retie_parameters,
     set_module_tensor_to_device,
 )
-from ..precision.policy import get_grad_scaler, get_mixed_precision_context_manager
+from ..runtime.autocast import get_grad_scaler, get_mixed_precision_context_manager
 
 __all__ = [
     "get_grad_scaler",
