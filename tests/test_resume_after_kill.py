@@ -79,19 +79,22 @@ def launch(tmp_path, project_dir, order, kill_at):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("order, kill_points", [("sequential", [13]), ("shuffle", [9, 27])])
+# Kill points count the micro-steps of each launch: (9, 19) kills the first launch at micro-step 9
+# (newest checkpoint after 8), then the run resumed from it at its own micro-step 19 (27 of the
+# whole run, in the second epoch), and the third launch finishes: two kills in one run.
+@pytest.mark.parametrize("order, kill_points", [("sequential", [13]), ("shuffle", [9, 19])])
 def test_killed_and_resumed_run_matches_the_uninterrupted_one(tmp_path, order, kill_points):
     reference_dir = tmp_path / "reference"
     result = launch(tmp_path, reference_dir, order, -1)
     assert result.returncode == 0, result.stderr[-3000:]
     expected = torch.load(reference_dir / "final.pt")
+    project = tmp_path / "killed"
     for kill_at in kill_points:
-        project = tmp_path / f"killed_at_{kill_at}"
         killed = launch(tmp_path, project, order, kill_at)
         assert killed.returncode != 0
         assert not (project / "final.pt").exists()
-        resumed = launch(tmp_path, project, order, -1)
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        final = torch.load(project / "final.pt")
-        for key in expected:
-            assert torch.equal(expected[key], final[key]), (kill_at, key)
+    resumed = launch(tmp_path, project, order, -1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = torch.load(project / "final.pt")
+    for key in expected:
+        assert torch.equal(expected[key], final[key]), (kill_points, key)
