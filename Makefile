@@ -73,4 +73,5 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_dataloader.py --rounds 3 --samples 50000
 	$(PY) benchmarks/bench_collectives.py
 	$(PY) benchmarks/bench_checkpoint.py --params 10 --rounds 1 --procs 1 --reference $(if $(REF_PY),$(REF_PY),none)
+	$(PY) benchmarks/bench_reshard_load.py --params 4 --rounds 1 --loads 1
 	$(if $(REF_PY),$(PY) benchmarks/bench_big_model.py --size-mb 64 --rounds 1 --reference-python $(REF_PY),@echo "bench_big_model.py compares with the reference: skipped without REF_PY")
