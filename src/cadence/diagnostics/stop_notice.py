@@ -38,6 +38,7 @@ from typing import Any
 
 from ..core.settings import env_text, resolve
 from .generation_env import GENERATION_ENV
+from .stopping import flush_output
 
 # "Stopped on notice after committing a checkpoint: start me again to resume" (EX_TEMPFAIL).
 RESUME_EXIT_CODE = 75
@@ -213,11 +214,7 @@ def _exit_now(code: int) -> None:
     # watchdog while the peers exit too can take seconds, which the restart of the job waits for.
     # What the script printed or logged is flushed first; its `finally` blocks and atexit handlers
     # do not run.
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
+    flush_output()
     logging.shutdown()
     os._exit(code)
 

@@ -74,13 +74,18 @@ def write_error_file(message: str, details: str, exception: str) -> None:
         pass
 
 
-def print_report(message: str) -> None:
-    """Write a report to stderr from the watchdog thread, after what the script printed so far."""
+def flush_output() -> None:
+    """Flush what the script printed so far (before an `os._exit` or a raw write to stderr)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+
+
+def print_report(message: str) -> None:
+    """Write a report to stderr from the watchdog thread, after what the script printed so far."""
+    flush_output()
     try:
         os.write(2, (message + "\n").encode(errors="replace"))
     except OSError:
