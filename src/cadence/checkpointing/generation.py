@@ -57,7 +57,9 @@ def fence(directory: str | os.PathLike, action: str) -> None:
             pass
         # Not an exception: a `finally` or an error handler must not get to write either.
         os._exit(SUPERSEDED_EXIT_CODE)
-    if mine > recorded and mine > 0:
+    # A folder not made yet (the job's first save) holds nothing to fence: the commit that makes it
+    # records the generation.
+    if mine > recorded and mine > 0 and Path(directory).is_dir():
         path = Path(directory) / GENERATION_FILE
         tmp = path.with_name(f"{GENERATION_FILE}.{os.getpid()}.tmp")
         try:
