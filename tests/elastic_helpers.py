@@ -220,3 +220,19 @@ def stop_all(*processes: subprocess.Popen) -> None:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+
+
+def children(pid: int) -> list[int]:
+    """The pids of the processes whose parent is `pid` (a launcher's workers), read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(entry.name))
+    return found

@@ -10,6 +10,7 @@ samples and nothing else, and ends with the weights of that history replayed fro
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import textwrap
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from elastic_helpers import (
     TRAIN_SCRIPT,
+    children,
     kill_node,
     sample_counts,
     start_node,
@@ -40,7 +42,9 @@ def _every_sample_once(tmp_path):
     assert not redone, f"samples trained more than once: {sorted(redone)[:8]}"
 
 
-def test_stop_notice_to_one_node_checkpoints_and_the_other_goes_on_alone(tmp_path):
+def _notice_to_node_b(tmp_path, notify) -> tuple[str, str]:
+    """Nodes a and b train together, `notify(b)` gives b a stop notice; b must end with 75 ("resume
+    me": a checkpoint was committed) and a finish alone. Returns the outputs of a and b."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     first, second = start_two_nodes(tmp_path, script)
@@ -50,20 +54,40 @@ def test_stop_notice_to_one_node_checkpoints_and_the_other_goes_on_alone(tmp_pat
         assert wait_until(lambda: together() or ended(), limit=120) and together(), (
             "the two nodes never trained together:\n" + (tmp_path / "a.out").read_text()
         )
-        second.send_signal(signal.SIGTERM)  # the scheduler's notice to node b
-        assert second.wait(timeout=90) == 75  # "resume me": a checkpoint was committed
-        assert first.wait(timeout=150) == 0
+        notify(second)
+        assert second.wait(timeout=90) == 75
+        assert first.wait(timeout=150) == 0  # node a went on alone to the end
     finally:
         stop_all(first, second)
     out_a = (tmp_path / "a.out").read_text()
     out_b = (tmp_path / "b.out").read_text()
-    assert "world size 2 -> 1" in out_a, out_a
+    assert "world size 2 -> 1" in out_a and "world size 2 -> 2" not in out_a, out_a
     assert "resumed at epoch" in out_a and "finished" in out_a, out_a
     assert "Cadence: resumed from " in out_a and "checkpoint_0 at world size 1" in out_a, out_a
-    assert "committed a checkpoint" in out_b, out_b
+    # The job's first save (restart generation 1) has no checkpoints folder to fence yet: no warning.
+    assert "could not record generation" not in out_a + out_b, out_a + out_b
+    # Node b took itself out of the rendezvous (a's new round did not wait for b's heartbeats).
+    assert "cadence launch: this node left the job (rendezvous round" in out_b, out_b
     worlds = [r["world"] for r in steps(tmp_path)]
     assert 2 in worlds and worlds[-1] == 1  # trained together, then alone
     _every_sample_once(tmp_path)
+    return out_a, out_b
+
+
+def test_stop_notice_to_one_node_checkpoints_and_the_other_goes_on_alone(tmp_path):
+    # The scheduler's notice to node b's launcher.
+    _, out_b = _notice_to_node_b(tmp_path, lambda b: b.send_signal(signal.SIGTERM))
+    assert "stopped by SIGTERM; the workers committed a checkpoint" in out_b, out_b
+
+
+def test_a_stop_notice_to_one_rank_makes_its_node_leave_like_a_notice_to_its_launcher(tmp_path):
+    def notify_the_worker(b) -> None:  # the notice reaches one rank only, not its launcher
+        workers = children(b.pid)
+        assert len(workers) == 1, f"node b should run one worker, found {workers}"
+        os.kill(workers[0], signal.SIGTERM)
+
+    _, out_b = _notice_to_node_b(tmp_path, notify_the_worker)
+    assert "got the stop notice (SIGTERM); the workers committed a checkpoint" in out_b, out_b
 
 
 def test_a_node_joining_mid_run_continues_at_the_larger_size_without_redoing_a_step(tmp_path):

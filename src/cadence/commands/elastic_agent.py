@@ -12,7 +12,14 @@ subclass instead (same constructor, same loop), which adds:
   stopped to resume, `CADENCE_STOP_GRACE` (default 30 s, torch's) so the step and its checkpoint
   can finish;
 - **one line per restart** with the old and new world size;
-- the **restart generation** for the workers (`CADENCE_RESTART_GENERATION`: the rendezvous round).
+- the **restart generation** for the workers (`CADENCE_RESTART_GENERATION`: the rendezvous round);
+- **leaving on a stop notice**: once its workers have committed the checkpoint and ended, the node
+  leaves the rendezvous at once (rendezvous_leave.py), so the other nodes' next round completes
+  without waiting for its heartbeats to expire; a repeated notice during that stop is ignored;
+- **a notice to one rank is a notice to its node**: a worker that got the signal itself ends with
+  `NODE_LEAVES_EXIT_CODE` (the others with `RESUME_EXIT_CODE`), and the agent then stops and leaves
+  as if it had got the notice. When the agent sent the signal itself (its own notice, a membership
+  change) it has decided already, and the two codes mean the same: resume.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +39,17 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from ..diagnostics.generation_env import GENERATION_ENV
-from ..diagnostics.stop_notice import RESUME_EXIT_CODE, stop_grace
+from ..diagnostics.stop_notice import (
+    AGENT_PID_ENV,
+    NODE_LEAVES_EXIT_CODE,
+    RESUME_EXIT_CODE,
+    stop_grace,
+    stop_signal,
+)
+from .rendezvous_leave import leave_rendezvous
+
+# Exit codes of workers that stopped on notice after committing a checkpoint.
+RESUME_CODES = frozenset({RESUME_EXIT_CODE, NODE_LEAVES_EXIT_CODE})
 
 # Seconds a worker gets to end after the job failed, before SIGKILL (torch's default is 30).
 FAILURE_GRACE = 3.0
@@ -69,6 +86,8 @@ class SupervisingAgent(LocalElasticAgent):
         self._why_stopping = "after a failure"
         self._world_size: int | None = None
         self.exit_codes: dict[int, int | None] = {}  # local rank -> exit code, at the last stop
+        self.noticed_ranks: list[int] = []  # ranks of this node that got the notice themselves
+        self.left_round: int | None = None  # the rendezvous round this node left, on a notice
         SupervisingAgent.latest = self
 
     # -- why the workers are being stopped -------------------------------------------------------
@@ -78,15 +97,26 @@ class SupervisingAgent(LocalElasticAgent):
             self._why_stopping = "for a membership change"  # the only stop of healthy workers
         elif result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             codes = {failure.exitcode for failure in result.failures.values()}
-            resuming = codes == {RESUME_EXIT_CODE}
+            resuming = bool(codes) and codes <= RESUME_CODES
             self._why_stopping = "to resume" if resuming else "after a failure"
+            noticed = [r for r, f in result.failures.items() if f.exitcode == NODE_LEAVES_EXIT_CODE]
+            if resuming and noticed:
+                # A rank of this node got the notice itself (this agent sent nothing): the node
+                # leaves, as on a notice to the launcher. torch's run() stops and re-raises this.
+                self.noticed_ranks = sorted(noticed)
+                sig = stop_signal() or signal.SIGTERM
+                raise SignalException(f"rank {noticed[0]} got the stop notice", sigval=sig)
         return result
 
     def _invoke_run(self, role: str = "default") -> Any:
         try:
             return super()._invoke_run(role)
-        except SignalException:
+        except SignalException as stop:
             self._why_stopping = "on a stop notice"
+            # The workers are about to checkpoint: a repeated notice (a scheduler that signals
+            # every process, or twice) must not break off the stop that saves them.
+            with suppress(ValueError, OSError):
+                signal.signal(stop.sigval, signal.SIG_IGN)
             raise
 
     def _shutdown(
@@ -95,6 +125,8 @@ class SupervisingAgent(LocalElasticAgent):
         handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
         if handlers:
             self._stop_processes(handlers, death_sig)
+        if self._why_stopping == "on a stop notice":
+            self._leave()
         # Nothing is left alive: torch's own shutdown only closes logs and servers. Its signature
         # differs between torch releases (a `timeout` since 2.12, `is_restart` before), so only
         # what it takes is passed.
@@ -119,9 +151,25 @@ class SupervisingAgent(LocalElasticAgent):
 
         pcontext._close = close
 
+    def _leave(self) -> None:
+        """Leave the rendezvous now that the workers ended: the other nodes go on without this one."""
+        outcome = leave_rendezvous(self._rdzv_handler)
+        if outcome is None:
+            return  # a static rendezvous: nothing to leave
+        left, why_not = outcome
+        if why_not is None:
+            self.left_round = left
+            where = f" (rendezvous round {left})" if left is not None else ""
+            text = f"left the job{where}; the other nodes go on without it"
+        else:
+            text = f"could not leave the rendezvous ({why_not}); the other nodes drop it later"
+        print(f"cadence launch: this node {text}", file=sys.stderr, flush=True)
+
     def _grace(self, procs: dict[int, Any]) -> tuple[float, str]:
         ended = {rank: proc.poll() for rank, proc in procs.items() if proc.poll() is not None}
-        failed = sorted(rank for rank, code in ended.items() if code not in (0, RESUME_EXIT_CODE))
+        failed = sorted(
+            rank for rank, code in ended.items() if code != 0 and code not in RESUME_CODES
+        )
         if failed or self._why_stopping == "after a failure":
             ranks = [self._global_rank(rank) for rank in failed]
             return FAILURE_GRACE, f"after rank {ranks[0]} failed" if ranks else "after a failure"
@@ -161,14 +209,15 @@ class SupervisingAgent(LocalElasticAgent):
 
     @property
     def stopped_to_resume(self) -> bool:
-        """Whether every worker ended with the resume code at the last stop."""
+        """Whether every worker ended with a resume code at the last stop."""
         codes = set(self.exit_codes.values())
-        return bool(codes) and codes == {RESUME_EXIT_CODE}
+        return bool(codes) and codes <= RESUME_CODES
 
     # -- restarts ------------------------------------------------------------------------------
     def _start_workers(self, worker_group: Any) -> dict[int, Any]:
         # Workers inherit the agent's environment: the generation travels that way.
         os.environ[GENERATION_ENV] = str(self._generation())
+        os.environ[AGENT_PID_ENV] = str(os.getpid())  # a worker's notice reaches its node this way
         started = super()._start_workers(worker_group)
         self._hook_pcontext()
         return started

@@ -4,7 +4,8 @@ and the exact `torch.distributed.run` arguments of the plan.
 `--nnodes MIN:MAX` makes the job elastic (torch elastic's c10d rendezvous): the agents restart the
 workers on the new world size when a node leaves or joins. torch's rendezvous defaults bring a job
 back only ~47 s after a node's death (3 missed 5-s heartbeats, then a 30-s last call); Cadence's
-defaults below bring it back in ~10 s, and `--rdzv_conf key=value` overrides each.
+defaults below bring it back in ~8 s on a shared 2-core machine (benchmarks/bench_elastic_restart.py),
+and `--rdzv_conf key=value` overrides each.
 """
 
 from __future__ import annotations

@@ -192,8 +192,13 @@ def _run_elastic_agent(plan: LaunchPlan) -> int:
             name = signal.Signals(stop.sigval).name
             agent = SupervisingAgent.latest
             if agent is not None and agent.stopped_to_resume:
+                cause = (
+                    f"rank {agent.noticed_ranks[0]} got the stop notice ({name})"
+                    if agent.noticed_ranks
+                    else f"stopped by {name}"
+                )
                 _say(
-                    f"cadence launch: stopped by {name} after the workers committed a checkpoint; "
+                    f"cadence launch: {cause}; the workers committed a checkpoint; "
                     f"exit code {RESUME_EXIT_CODE}: start the job again to resume"
                 )
                 return RESUME_EXIT_CODE

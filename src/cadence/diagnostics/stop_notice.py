@@ -15,11 +15,19 @@ training path (see docs/how-to/preemptible-elastic.md):
 
 The training path pays one attribute read per batch (`at_step_boundary`) and one increment per
 optimizer step (`step_completed`). At the target the registered action runs (the Accelerator's
-`save_state`) and the process exits with `RESUME_EXIT_CODE`.
+`save_state`) and the process ends at once with `RESUME_EXIT_CODE` (`os._exit` after flushing: the
+checkpoint is committed, and unwinding a distributed process can take seconds the restart waits
+for). Under `cadence launch`'s elastic agent, a rank that got the signal itself ends with
+`NODE_LEAVES_EXIT_CODE` instead: its agent then leaves the job with its whole node, as if the
+launcher had got the notice (the agent tells its own SIGTERMs apart: it knows when it sent them).
+
+The watchdog is woken at once by the signal and polls the channel every `NOTICE_POLL` seconds while
+the ranks agree, so the stop costs about one watchdog tick for the ranks that did not get the signal.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -30,9 +38,17 @@ from typing import Any
 
 from ..core.settings import env_text, resolve
 from .generation_env import GENERATION_ENV
+from .stopping import flush_output
 
 # "Stopped on notice after committing a checkpoint: start me again to resume" (EX_TEMPFAIL).
 RESUME_EXIT_CODE = 75
+# A worker of `cadence launch`'s elastic agent that got the notice itself (not through the channel):
+# "resume me, and my node leaves the job". Only that agent sees it; its launcher exits with 75.
+NODE_LEAVES_EXIT_CODE = 77
+# Set by `cadence launch`'s elastic agent for its workers: its pid (a worker checks its parent is it).
+AGENT_PID_ENV = "CADENCE_AGENT_PID"
+# Seconds between the watchdog's reads of the channel while the ranks agree on the stop step.
+NOTICE_POLL = 0.05
 DEFAULT_STOP_GRACE = 30.0  # seconds; torch elastic's own SIGTERM -> SIGKILL window
 # A main thread waits at most this long for every rank's proposal before it stops without saving.
 PROPOSAL_WAIT = 60.0
@@ -77,6 +93,8 @@ class StopNotice:
     def __init__(self) -> None:
         self.completed = 0  # optimizer steps completed (boundaries passed)
         self.noticed = False  # this rank got the signal, or read the job's notice
+        self.direct = False  # this rank got the signal itself
+        self.wake = threading.Event()  # wakes the watchdog: the signal came, answer now
         self.announce = False  # this rank got the signal and has not told the job yet
         self.proposal: int | None = None
         self.target: int | None = None
@@ -137,10 +155,16 @@ class StopNotice:
             return
         if self.noticed:
             return
-        self.noticed = self.announce = True
+        self.noticed = self.announce = self.direct = True
+        self.wake.set()
         if self.solo:  # nobody to agree with: the next boundary
             self.proposal = self.target = self.completed + 1
             self.target_known.set()
+
+    @property
+    def agreeing(self) -> bool:
+        """Whether a notice is known here and the ranks have not agreed on the step yet."""
+        return self.noticed and self.action is not None and not self.target_known.is_set()
 
     def propose(self) -> int:
         """This rank's proposal: the next boundary it has not passed (called by the watchdog)."""
@@ -166,7 +190,13 @@ class StopNotice:
         self.proposal = self.target = None  # never again, whatever the action does
         if action is not None:
             action()
-        _exit(RESUME_EXIT_CODE)
+        _exit_now(NODE_LEAVES_EXIT_CODE if self.direct and _under_agent() else RESUME_EXIT_CODE)
+
+
+def _under_agent() -> bool:
+    """Whether this process is a worker of `cadence launch`'s elastic agent (its direct child)."""
+    text = env_text(AGENT_PID_ENV) or ""
+    return text.isdigit() and int(text) == os.getppid()
 
 
 def _say(text: str) -> None:
@@ -177,6 +207,16 @@ def _exit(code: int) -> None:
     # SystemExit unwinds the script (its `finally` blocks run) and ends the process with `code`.
     sys.stdout.flush()
     raise SystemExit(code)
+
+
+def _exit_now(code: int) -> None:
+    # The checkpoint is committed: end without unwinding. Tearing down the process group and the
+    # watchdog while the peers exit too can take seconds, which the restart of the job waits for.
+    # What the script printed or logged is flushed first; its `finally` blocks and atexit handlers
+    # do not run.
+    flush_output()
+    logging.shutdown()
+    os._exit(code)
 
 
 notice = StopNotice()

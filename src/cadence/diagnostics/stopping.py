@@ -23,8 +23,13 @@ announced = False  # this process has said why it stops
 
 
 def let_launcher_stop_us_first() -> None:
-    """Under torchrun, wait a grace period so the launcher can stop this rank first."""
-    if env_text("TORCHELASTIC_RUN_ID"):
+    """Under torchrun, wait a grace period so the launcher can stop this rank first.
+
+    Only where the launcher runs other workers: it compares the ends of its own workers, so a rank
+    alone on its node (a peer on another node failed or died) has nothing to wait for, and waiting
+    would only delay the job's restart."""
+    local = env_text("LOCAL_WORLD_SIZE") or ""
+    if env_text("TORCHELASTIC_RUN_ID") and not (local.isdigit() and int(local) <= 1):
         time.sleep(FOLLOW_GRACE)
 
 
@@ -69,13 +74,18 @@ def write_error_file(message: str, details: str, exception: str) -> None:
         pass
 
 
-def print_report(message: str) -> None:
-    """Write a report to stderr from the watchdog thread, after what the script printed so far."""
+def flush_output() -> None:
+    """Flush what the script printed so far (before an `os._exit` or a raw write to stderr)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
+
+
+def print_report(message: str) -> None:
+    """Write a report to stderr from the watchdog thread, after what the script printed so far."""
+    flush_output()
     try:
         os.write(2, (message + "\n").encode(errors="replace"))
     except OSError:

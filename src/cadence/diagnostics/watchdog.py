@@ -24,6 +24,7 @@ from .hooks import install_hooks
 from .ledger import ledger
 from .settings import WatchSettings
 from .signing import JOB_TOKEN_ENV
+from .stop_notice import NOTICE_POLL, notice
 from .stop_notice import watchdog_tick as stop_notice_tick
 from .stopping import print_report, stop_process
 from .verdict import judge, stall_report
@@ -65,6 +66,7 @@ class Watchdog:
     def halt(self) -> None:
         """Stop the watchdog thread (waits up to 2 s for it)."""
         self._halt.set()
+        notice.wake.set()  # the thread waits on the notice's wake-up, not on the halt
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=2)
 
@@ -128,11 +130,24 @@ class Watchdog:
 
     # -- the loop --------------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._halt.wait(self.settings.tick):
-            if not _same_group(self.group):
-                return  # the process group was destroyed: nothing left to watch
+        next_tick = time.monotonic() + self.settings.tick
+        while not self._halt.is_set():
+            # A stop notice wakes the thread at once, and while the ranks agree on the stop step
+            # the channel is read every NOTICE_POLL seconds (only the notice's records).
+            now = time.monotonic()
+            wait = min(NOTICE_POLL, next_tick - now) if notice.agreeing else next_tick - now
+            notice.wake.wait(max(0.0, wait))
+            notice.wake.clear()
+            if self._halt.is_set() or not _same_group(self.group):
+                return  # halted, or the process group was destroyed: nothing left to watch
+            full = time.monotonic() >= next_tick
+            if full:
+                next_tick = time.monotonic() + self.settings.tick
             try:
-                self._tick()
+                if full:
+                    self._tick()
+                elif self.final_phase is None:
+                    stop_notice_tick(self.channel, self.rank, self.world_size)
                 self._store_failing_since = None
             except Exception as error:  # noqa: BLE001 - the store went away (its host ended)
                 self._on_store_error(error)
