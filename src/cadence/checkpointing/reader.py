@@ -2,11 +2,13 @@
 
 Opening validates the manifest and checks every file's type and size, so a truncated, incomplete
 or tampered-with checkpoint fails before anything is read. With verify="full", each file's checksum
-is checked before any byte of it is deserialized: each file is read once into private memory and
-hashed while it is read, then deserialized from that memory (tensors are views of it, nothing maps
-the file), so what is used is exactly what was verified, and nothing refers to the checkpoint's
-files after a load. `prefetch(names)` verifies several files in parallel in background threads. Load everything first, then check that each
-state fits its object, then apply: nothing is applied half-way.
+is checked before any byte of it is deserialized: each file is read once into private memory
+(huge pages where the kernel offers them, so filling it costs few page faults) and hashed while it
+is read, then deserialized from that memory (tensors are views of it, nothing maps the file), so
+what is used is exactly what was verified, and nothing refers to the checkpoint's files after a
+load. `prefetch(names)` verifies several files in parallel in background threads; `open_file`
+gives engines that read a file object the verified bytes. Load everything first, then check that
+each state fits its object, then apply: nothing is applied half-way.
 
     with open_checkpoint(path) as ckpt:
         weights = ckpt.load_tensors("model.safetensors")   # read once, checked, then parsed
@@ -16,6 +18,7 @@ state fits its object, then apply: nothing is applied half-way.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -124,7 +127,12 @@ class CheckpointReader:
 
     def file(self, name: str) -> Path:
         """Path of checkpoint file `name`, after checking it completely (verify='full'): for code
-        that reads the file itself (engines, hooks)."""
+        that can only read the file itself by its path (engines, hooks).
+
+        The check is a pass of its own, and the engine's read that follows is not covered by it
+        (a file rewritten in between would be read unverified); `open_file` hands over the very
+        bytes that were verified, in one read, and is preferred wherever a file object will do.
+        """
         size, checksum, algorithm = self._record(name)
         if checksum is not None:
             actual = hash_member(self.path, name, size, algorithm)
@@ -144,6 +152,13 @@ class CheckpointReader:
         elif size is not None:
             check_member(self.path, name, size)
         return self.path / name
+
+    def open_file(self, name: str) -> io.BufferedReader:
+        """A read-only, seekable binary file of checkpoint file `name`'s verified content: the file
+        is read once into private memory, hashed while it is read, and handed over only after its
+        checksum matched, so what the caller reads is exactly what was verified and nothing refers
+        to the checkpoint file afterwards (for engines that take a file object)."""
+        return io.BufferedReader(BufferFile(buffer_view(self._buffer(name))))
 
     def read_bytes(self, name: str) -> bytes:
         """The verified content of file `name`."""

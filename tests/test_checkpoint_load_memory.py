@@ -1,0 +1,135 @@
+"""Where a verified load puts the checkpoint's bytes (issue 24, items 5 and 6), for files large
+enough to be read into huge-page memory: the state loaded is exactly the saved one and lives in
+anonymous memory (no file mapping); a damaged large file changes nothing; `open_file` hands over
+exactly the bytes that were verified."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence import Accelerator
+from cadence.checkpointing import CheckpointCorruptError, open_checkpoint
+from cadence.checkpointing.safe_io import _allocate
+
+WIDTH = 1536  # 9 MiB of weights, 18 MiB of AdamW state: both above the huge-page threshold
+
+
+def _job(value: float):
+    """A prepared model and AdamW whose weights and state are all `value` (after one real step)."""
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(WIDTH, WIDTH)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.randn(2, WIDTH)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(value)
+        for state in optimizer.state.values():
+            state["exp_avg"].fill_(value)
+            state["exp_avg_sq"].fill_(value * value)
+    return accelerator, model, optimizer
+
+
+def _snapshot(model, optimizer):
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {
+        (k, n): t.clone()
+        for k, s in optimizer.state_dict()["state"].items()
+        for n, t in s.items()
+        if isinstance(t, torch.Tensor)
+    }
+    return weights, state
+
+
+def _same(a, b) -> bool:
+    return all(
+        a[i].keys() == b[i].keys() and all(torch.equal(a[i][k], b[i][k]) for k in a[i])
+        for i in range(2)
+    )
+
+
+def _mapping_of(address: int) -> str:
+    """The /proc/self/maps line whose range holds `address`."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            if start <= address < end:
+                return line.strip()
+    raise AssertionError(f"address {address:#x} is in no mapping")
+
+
+@pytest.fixture
+def saved(tmp_path):
+    accelerator, model, optimizer = _job(1.5)
+    folder = Path(accelerator.save_state(tmp_path / "ckpt"))
+    assert (folder / "model.safetensors").stat().st_size > 8 << 20
+    return folder, _snapshot(model, optimizer)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_large_state_loads_exactly_into_anonymous_memory(saved):
+    folder, expected = saved
+    accelerator, model, optimizer = _job(-3.0)
+    accelerator.load_state(folder)
+    assert _same(_snapshot(model, optimizer), expected)
+    for state in optimizer.state.values():
+        for tensor in state.values():
+            line = _mapping_of(tensor.data_ptr())
+            # an anonymous mapping has no path (the file's would name it)
+            assert len(line.split()) == 5, line
+            assert str(folder) not in line
+    model(torch.randn(2, WIDTH)).sum().backward()
+    optimizer.step()  # the loaded state is ordinary writable memory
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin"])
+def test_damaged_large_file_changes_nothing(saved, name):
+    folder, _ = saved
+    path = folder / name
+    with open(path, "r+b") as f:  # one byte in the middle of the tensors' data
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    accelerator, model, optimizer = _job(-3.0)
+    before = _snapshot(model, optimizer)
+    with pytest.raises(CheckpointCorruptError, match=f"{name}: content changed since the save"):
+        accelerator.load_state(folder)
+    assert _same(_snapshot(model, optimizer), before)
+
+
+def test_large_buffer_is_aligned_anonymous_memory():
+    buffer = _allocate(9 << 20)
+    assert buffer.numel() == 9 << 20 and buffer.dtype == torch.uint8
+    assert buffer.untyped_storage().nbytes() == 9 << 20  # records are cut from its start
+    if sys.platform.startswith("linux"):
+        assert buffer.data_ptr() % (2 << 20) == 0  # starts on a huge-page boundary
+    buffer.fill_(7)
+    view = buffer[100:200]
+    del buffer  # the view keeps the memory alive
+    assert int(view.sum()) == 700
+
+
+def test_open_file_hands_over_the_verified_bytes(saved, tmp_path):
+    folder, _ = saved
+    original = (folder / "optimizer.bin").read_bytes()
+    with open_checkpoint(folder) as reader:
+        reader.prefetch(["optimizer.bin"])
+        reader._prefetched["optimizer.bin"].result()  # read and verified: now the file changes
+        with open(folder / "optimizer.bin", "r+b") as f:
+            f.write(b"\0" * 4096)
+        with reader.open_file("optimizer.bin") as f:
+            assert f.seekable()
+            assert f.read() == original
+            f.seek(10)
+            assert f.read(5) == original[10:15]
+    # the same rewrite before the read is refused
+    with open_checkpoint(folder) as reader, pytest.raises(CheckpointCorruptError, match="changed"):
+        reader.open_file("optimizer.bin")
