@@ -136,7 +136,7 @@ print("STEPPED", len(names), flush=True)
 """
 
 
-@pytest.mark.parametrize("width", [512, 1536])  # 1536: files read into huge-page memory
+@pytest.mark.parametrize("width", [512, 1536])  # 1536: hashed by a second thread while read
 def test_after_load_state_nothing_refers_to_the_checkpoint_files(tmp_path, width):
     # A subprocess: were a state tensor still a view of a truncated file, the step would end the
     # process with SIGBUS.
