@@ -132,8 +132,8 @@ def test_large_file_read_by_several_threads_is_verified_in_order(tmp_path, monke
     size = len(data)
     checksum = safe_io.hash_member(tmp_path, "big.bin", size, "xxh3_128")
     buffer = safe_io.read_verified(tmp_path, "big.bin", size, checksum, "xxh3_128")
-    assert bytes(buffer.numpy()) == data
-    # bytes swapped between two chunks: same bytes, other order, so only an in-order hash sees it
+    assert bytes(buffer.numpy()) == data  # verified: the chunks were hashed in file order
+    # bytes swapped between two chunks read by different threads: the same bytes, another order
     a, b = 5 << 20, 40 << 20
     data[a : a + 16], data[b : b + 16] = data[b : b + 16], data[a : a + 16]
     (tmp_path / "big.bin").write_bytes(data)
