@@ -50,7 +50,7 @@ from .safe_io import (
 )
 from .schema import check_member_name
 from .serialization import BufferFile, read_torch_buffer
-from .tensor_file import tensors_from_buffer
+from .tensor_file import read_tensor_file, tensors_from_buffer
 
 if TYPE_CHECKING:
     import torch
@@ -187,16 +187,21 @@ class CheckpointReader:
                 self._pool = ThreadPoolExecutor(
                     max_workers=_PREFETCH_THREADS, thread_name_prefix="cadence-ckpt-read"
                 )
-            self._prefetched[name] = self._pool.submit(self._read_verified, name)
+            read = self._read_tensors if _is_tensor_file(name) else self._read_verified
+            self._prefetched[name] = self._pool.submit(read, name)
 
     def _read_verified(self, name: str) -> Any:
         size, checksum, algorithm = self._record(name)
         return read_verified(self.path, name, size, checksum, algorithm)
 
+    def _read_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        size, checksum, algorithm = self._record(name)
+        return read_tensor_file(self.path, name, size, checksum, algorithm)[0]
+
     def _buffer(self, name: str) -> Any:
         """The verified content of `name` in private memory (a uint8 tensor), read exactly once."""
         future = self._prefetched.pop(name, None)
-        if future is not None:
+        if future is not None and not _is_tensor_file(name):
             return future.result()
         return self._read_verified(name)
 
@@ -221,10 +226,16 @@ class CheckpointReader:
         )
 
     def load_tensors(self, name: str, device: str | int = "cpu") -> dict[str, torch.Tensor]:
-        """A safetensors file as a dict of tensors (views of the verified private copy on CPU)."""
+        """A safetensors file as a dict of tensors, each read from the file straight into its own
+        memory and returned after the whole file's checksum matched (see read_tensor_file)."""
 
-        buffer = self._buffer(name)
-        tensors, _ = tensors_from_buffer(buffer, os.fspath(self.path / name))
+        future = self._prefetched.pop(name, None)
+        if future is not None and _is_tensor_file(name):
+            tensors = future.result()
+        elif _is_tensor_file(name):
+            tensors = self._read_tensors(name)
+        else:  # another suffix: parsed from the verified whole-file buffer
+            tensors, _ = tensors_from_buffer(self._buffer(name), os.fspath(self.path / name))
         if str(device) != "cpu":
             tensors = {k: v.to(device) for k, v in tensors.items()}
         return tensors
@@ -247,6 +258,11 @@ class CheckpointReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _is_tensor_file(name: str) -> bool:
+    """Files read tensor by tensor (safetensors) rather than into one buffer."""
+    return name.endswith(".safetensors")
 
 
 def _check_torch_archive(f: Any, size: int, source: str, directory: Path) -> None:

@@ -38,7 +38,8 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _corrupt(directory: Path, message: str) -> CheckpointCorruptError:
+def corrupt(directory: Path, message: str) -> CheckpointCorruptError:
+    """The error for a checkpoint file that cannot be loaded safely, and why."""
     return CheckpointCorruptError(
         f"Checkpoint {directory} cannot be loaded safely: {message}",
         path=directory,
@@ -53,7 +54,7 @@ def resolve_member(directory: str | os.PathLike, name: str) -> str:
     real = os.path.realpath(os.path.join(root, name))
     if real != root and os.path.commonpath([root, real]) == root:
         return real
-    raise _corrupt(
+    raise corrupt(
         directory, f"{name}: resolves to {real}, outside the checkpoint folder (a symlink?)"
     )
 
@@ -81,14 +82,14 @@ def open_member(directory: str | os.PathLike, name: str, expected_size: int | No
             ],
         ) from None
     except OSError as e:
-        raise _corrupt(directory, f"{name}: cannot be opened ({e.strerror})") from None
+        raise corrupt(directory, f"{name}: cannot be opened ({e.strerror})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _corrupt(directory, f"{name}: is {_kind(info.st_mode)}, not a regular file")
+            raise corrupt(directory, f"{name}: is {_kind(info.st_mode)}, not a regular file")
         if expected_size is not None and info.st_size != expected_size:
             kind = "truncated" if info.st_size < expected_size else "longer than saved"
-            raise _corrupt(
+            raise corrupt(
                 directory,
                 f"{name}: {kind}: {info.st_size} bytes on disk, the manifest says {expected_size}",
             )
@@ -103,7 +104,8 @@ def check_member(directory: str | os.PathLike, name: str, expected_size: int) ->
     os.close(open_member(directory, name, expected_size))
 
 
-def _read_exactly(fd: int, view: memoryview) -> int:
+def read_exactly(fd: int, view: memoryview) -> int:
+    """Read from `fd`'s position until `view` is full or the file ends; the bytes read."""
     got = 0
     total = len(view)
     while got < total:
@@ -161,16 +163,16 @@ def read_verified(
         if hashing:
             got, actual = _read_hashing(fd, view, algorithm)
         else:
-            got, actual = (_read_exactly(fd, view) if size else 0), None
+            got, actual = (read_exactly(fd, view) if size else 0), None
         extra = os.pread(fd, 1, size) if got == size else b""
     except OSError as e:
-        raise _corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
+        raise corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
     finally:
         os.close(fd)
     if got != size or extra:
-        raise _corrupt(directory, f"{name}: changed size while being read (is it being written?)")
+        raise corrupt(directory, f"{name}: changed size while being read (is it being written?)")
     if hashing and actual != checksum:
-        raise _corrupt(
+        raise corrupt(
             directory,
             f"{name}: content changed since the save ({algorithm} is {actual}, "
             f"the manifest says {checksum})",
@@ -191,7 +193,7 @@ def _read_hashing(fd: int, view: memoryview, algorithm: str) -> tuple[int, str]:
     total = len(view)
     if total <= 2 * _PIPELINE_CHUNK:  # small: a thread costs more than it saves
         hasher = new_hasher(algorithm)
-        got = _read_exactly(fd, view) if total else 0
+        got = read_exactly(fd, view) if total else 0
         hasher.update(view[:got])
         return got, hasher.hexdigest()
     readers = max(1, min(_READERS, total // (4 * _PIPELINE_CHUNK)))
@@ -322,16 +324,16 @@ def read_bytes_verified(
             got += len(part)
         extra = os.read(fd, 1) if got == size else b""
     except OSError as e:
-        raise _corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
+        raise corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
     finally:
         os.close(fd)
     if got != size or extra:
-        raise _corrupt(directory, f"{name}: changed size while being read (is it being written?)")
+        raise corrupt(directory, f"{name}: changed size while being read (is it being written?)")
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     if checksum is not None and algorithm is not None:
         actual = hash_view(memoryview(data), algorithm)
         if actual != checksum:
-            raise _corrupt(
+            raise corrupt(
                 directory,
                 f"{name}: content changed since the save ({algorithm} is {actual}, "
                 f"the manifest says {checksum})",
@@ -361,9 +363,9 @@ def _hash_fd(directory: Path, name: str, fd: int, size: int, algorithm: str) -> 
         while left:
             n = os.preadv(fd, [chunk[: min(left, len(buffer))]], size - left)
             if n == 0:
-                raise _corrupt(directory, f"{name}: shorter than its size while read")
+                raise corrupt(directory, f"{name}: shorter than its size while read")
             hasher.update(chunk[:n])
             left -= n
         return hasher.hexdigest()
     except OSError as e:
-        raise _corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
+        raise corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
