@@ -41,7 +41,6 @@ from .manifest import (
     read_manifest,
 )
 from .safe_io import (
-    buffer_view,
     check_member,
     hash_member,
     open_member,
@@ -49,8 +48,9 @@ from .safe_io import (
     read_verified,
 )
 from .schema import check_member_name
-from .serialization import BufferFile, read_torch_buffer
+from .serialization import read_torch_buffer
 from .tensor_file import read_tensor_file, tensors_from_buffer
+from .torch_file import SegmentedFile, read_torch_file
 
 if TYPE_CHECKING:
     import torch
@@ -157,7 +157,10 @@ class CheckpointReader:
         is read once into private memory, hashed while it is read, and handed over only after its
         checksum matched, so what the caller reads is exactly what was verified and nothing refers
         to the checkpoint file afterwards (for engines that take a file object)."""
-        return io.BufferedReader(BufferFile(buffer_view(self._buffer(name))))
+        future = self._prefetched.pop(name, None)
+        if future is not None and not _is_tensor_file(name):
+            return io.BufferedReader(future.result().open())
+        return io.BufferedReader(self._read_torch(name).open())
 
     def read_bytes(self, name: str) -> bytes:
         """The verified content of file `name`."""
@@ -187,12 +190,16 @@ class CheckpointReader:
                 self._pool = ThreadPoolExecutor(
                     max_workers=_PREFETCH_THREADS, thread_name_prefix="cadence-ckpt-read"
                 )
-            read = self._read_tensors if _is_tensor_file(name) else self._read_verified
+            read = self._read_tensors if _is_tensor_file(name) else self._read_torch
             self._prefetched[name] = self._pool.submit(read, name)
 
     def _read_verified(self, name: str) -> Any:
         size, checksum, algorithm = self._record(name)
         return read_verified(self.path, name, size, checksum, algorithm)
+
+    def _read_torch(self, name: str) -> SegmentedFile:
+        size, checksum, algorithm = self._record(name)
+        return read_torch_file(self.path, name, size, checksum, algorithm)
 
     def _read_tensors(self, name: str) -> dict[str, torch.Tensor]:
         size, checksum, algorithm = self._record(name)
@@ -200,9 +207,7 @@ class CheckpointReader:
 
     def _buffer(self, name: str) -> Any:
         """The verified content of `name` in private memory (a uint8 tensor), read exactly once."""
-        future = self._prefetched.pop(name, None)
-        if future is not None and not _is_tensor_file(name):
-            return future.result()
+        self._prefetched.pop(name, None)  # prefetched in another form: read again
         return self._read_verified(name)
 
     def load_object(
@@ -217,12 +222,16 @@ class CheckpointReader:
 
         if kwargs.get("weights_only") is False:
             allow_pickle = True
-        buffer = self._buffer(name)
+        future = self._prefetched.pop(name, None)
+        if future is not None and not _is_tensor_file(name):
+            data = future.result()
+        else:
+            data = self._read_torch(name)
         source = os.fspath(self.path / name)
         if not allow_pickle:
-            _check_torch_archive(BufferFile(buffer_view(buffer)), buffer.numel(), source, self.path)
+            _check_torch_archive(data.open(), data.size, source, self.path)
         return read_torch_buffer(
-            buffer, map_location, source=source, allow_pickle=allow_pickle, **kwargs
+            data, map_location, source=source, allow_pickle=allow_pickle, **kwargs
         )
 
     def load_tensors(self, name: str, device: str | int = "cpu") -> dict[str, torch.Tensor]:

@@ -349,15 +349,17 @@ def read_torch_buffer(
     **torch_load_kwargs: Any,
 ) -> Any:
     """What torch.save wrote, deserialized from `buffer` (a uint8 tensor holding the whole, already
-    verified file) with weights_only=True unless `allow_pickle`.
+    verified file, or a verified torch_file.SegmentedFile) with weights_only=True unless `allow_pickle`.
 
     The tensors of a weights-only load are views of `buffer` (no copy, nothing maps the file), the
     way torch.load(mmap=True) cuts them out of a mapping; other loads copy them out of it.
     """
     import torch
 
-    def as_file() -> BufferFile:
-        return BufferFile(buffer_view(buffer))
+    whole = isinstance(buffer, torch.Tensor)  # else a SegmentedFile (records in tensors of their own)
+
+    def as_file() -> Any:
+        return BufferFile(buffer_view(buffer)) if whole else buffer.open()
 
     loader = _zero_copy_loader()
     plain_cpu = map_location in (None, "cpu") or map_location == torch.device("cpu")
@@ -376,7 +378,7 @@ def read_torch_buffer(
                 reader,
                 map_location,
                 torch._weights_only_unpickler,
-                overall_storage=buffer.untyped_storage(),
+                overall_storage=buffer.untyped_storage() if whole else buffer.storage(),
                 encoding="utf-8",
             )
         except pickle.UnpicklingError as e:

@@ -104,12 +104,10 @@ def read_training_state(
         def obj(name: str) -> Any:
             return reader.load_object(name, map_location="cpu", allow_pickle=allow_pickle)
 
-        # The optimizer files are read and verified in the background while this thread reads the
-        # weights. Weights are read here, tensor by tensor: memory allocated on this thread comes
-        # from the allocator's main arena, which holds what earlier tensors freed, where a worker
-        # thread's arena faults in fresh pages (measured: a third of a 100M-parameter load's CPU).
-        if not targets.sharded:
-            reader.prefetch([optimizer_file(i) for i in range(len(targets.optimizers))])
+        # Every file is read on this thread, tensor by tensor: memory allocated here comes from the
+        # allocator's main arena, which holds what earlier tensors freed, where a worker thread's
+        # arena (or one whole-file buffer) faults in fresh pages, which cost more than reading and
+        # hashing the bytes (measured: most of a 100M-parameter load's CPU on the development VM).
         if not targets.sharded:
             for i in targets.models:
                 if reader.has(model_file(i, True)):
