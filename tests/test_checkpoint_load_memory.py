@@ -85,6 +85,11 @@ def test_large_state_loads_exactly_into_anonymous_memory(saved):
             fields = line.split()
             assert fields[4] == "0" and (len(fields) == 5 or fields[5].startswith("[")), line
             assert str(folder) not in line
+    # large state tensors do not share one block: each is freed on its own
+    large = [t for s in optimizer.state.values() for t in s.values() if t.numel() >= 1 << 18]
+    assert len(large) == 2  # exp_avg and exp_avg_sq of the weight (the bias's are small)
+    assert len({t.untyped_storage().data_ptr() for t in large}) == len(large)
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in large)
     model(torch.randn(2, WIDTH)).sum().backward()
     optimizer.step()  # the loaded state is ordinary writable memory
 
@@ -140,3 +145,23 @@ def test_large_file_read_by_several_threads_is_verified_in_order(tmp_path, monke
     (tmp_path / "big.bin").write_bytes(data)
     with pytest.raises(CheckpointCorruptError, match="big.bin: content changed since the save"):
         safe_io.read_verified(tmp_path, "big.bin", size, checksum, "xxh3_128")
+
+
+def test_segmented_file_reads_and_cuts_like_one_buffer(tmp_path):
+    from cadence.checkpointing.torch_file import read_torch_file
+
+    state = {"a": torch.arange(1 << 19, dtype=torch.float32), "b": torch.ones(3), "n": 7}
+    torch.save(state, tmp_path / "s.bin")
+    data = (tmp_path / "s.bin").read_bytes()
+    file = read_torch_file(tmp_path, "s.bin", len(data), None, None)
+    assert len(file.segments) == 3  # before the large record, the record, after it
+    with file.open() as f:
+        assert f.read() == data
+        f.seek(len(data) - 10)
+        assert f.read(100) == data[-10:]
+    start, record = file.segments[1]
+    assert file.storage()[start : start + record.numel()].data_ptr() == record.data_ptr()
+    with pytest.raises(ValueError, match="span segments"):
+        file.storage()[start - 1 : start + 1]
+    (tmp_path / "plain.txt").write_bytes(b"not a zip file")  # read whole, as one segment
+    assert len(read_torch_file(tmp_path, "plain.txt", 14, None, None).segments) == 1

@@ -2,12 +2,14 @@
 
 Opening validates the manifest and checks every file's type and size, so a truncated, incomplete
 or tampered-with checkpoint fails before anything is read. With verify="full", each file's checksum
-is checked before any byte of it is deserialized: each file is read once into private memory and
-hashed while it is read, then deserialized from that memory (tensors are views of it, nothing maps
-the file), so what is used is exactly what was verified, and nothing refers to the checkpoint's
-files after a load. `prefetch(names)` verifies several files in parallel in background threads; `open_file`
-gives engines that read a file object the verified bytes. Load everything first, then check that
-each state fits its object, then apply: nothing is applied half-way.
+is checked before any byte of it is deserialized or handed out: each file is read once, hashed in
+file order while it is read, its tensors straight into memory of their own (safetensors by their
+header, torch files by their zip directory, see tensor_file and torch_file), and deserialized from
+that memory once the checksum matched; so what is used is exactly what was verified, and nothing
+maps or refers to the checkpoint's files after a load. `prefetch(names)` reads several files in
+background threads; `open_file` gives engines that read a file object the verified bytes. Load
+everything first, then check that each state fits its object, then apply: nothing is applied
+half-way.
 
     with open_checkpoint(path) as ckpt:
         weights = ckpt.load_tensors("model.safetensors")   # read once, checked, then parsed

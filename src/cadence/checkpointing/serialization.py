@@ -356,7 +356,9 @@ def read_torch_buffer(
     """
     import torch
 
-    whole = isinstance(buffer, torch.Tensor)  # else a SegmentedFile (records in tensors of their own)
+    whole = isinstance(
+        buffer, torch.Tensor
+    )  # else a SegmentedFile (records in tensors of their own)
 
     def as_file() -> Any:
         return BufferFile(buffer_view(buffer)) if whole else buffer.open()

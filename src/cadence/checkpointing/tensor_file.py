@@ -6,10 +6,12 @@ checksums the same bytes in memory, so the file's checksum costs no re-read. The
 safetensors format (8-byte little-endian header length, JSON header padded to 8 bytes, tensors in
 order of decreasing element size so each is aligned), readable by the `safetensors` package.
 
-Reading: `tensors_from_buffer` parses a buffer that `safe_io.read_verified` already checked and
-returns tensors that are views of it (zero-copy). The header is validated first (size bounds,
-dtypes, shapes, offsets inside the data, no overlap), so a hostile header raises
-CheckpointCorruptError instead of reading out of bounds.
+Reading: `read_tensor_file` reads a file once, each tensor straight into memory of its own, hashing
+every byte in file order, and returns the tensors only after the checksum matched;
+`tensors_from_buffer` parses a whole file already in memory (tensors are views of it). The header
+is validated first (size bounds, dtypes, shapes, offsets inside the data, no overlap), so a hostile
+header raises CheckpointCorruptError instead of reading out of bounds or asking for more memory
+than the file's size.
 """
 
 from __future__ import annotations
