@@ -8,8 +8,9 @@ in alternating order:
   raw:       torch.load(mmap=True, weights_only=True) of torch.save'd files, model.load_state_dict,
              the optimizer state's tensors cloned (so nothing refers to the files), then
              optimizer.load_state_dict
-  cadence:   Accelerator.load_state (every byte checksummed before it is deserialized, read once,
-             files verified in parallel; nothing refers to the files afterwards)
+  cadence:   Accelerator.load_state (every byte checksummed before anything is deserialized or
+             handed out, each file read once, each tensor straight into memory of its own;
+             nothing refers to the files afterwards)
   reference: the reference's load_state, in a subprocess of --reference-python that times its own
              raw load in the same round (its ratio is against that raw load)
   save:      torch.save of both state dicts vs Cadence save_state (checksums, manifest, fsync)
@@ -19,23 +20,27 @@ threads): on a machine shared with other work, CPU time shows the cost when wall
 Run: python benchmarks/bench_resume_load.py [--params 100] [--rounds 5]
      [--reference-python PATH] [--dir DIR]
 
-Measured on the development machine: a 2-core VM shared with other jobs (load average 11-18
-throughout, so wall times of one round vary 3x), 100M parameters (1.2 GB), 7 interleaved rounds,
-`--before-src <previous commit's src> --hide-xxhash --reference-python <reference venv>`;
-ratios are median (min-max), wall time then CPU time:
-  before (sha256, the default without xxhash; checksum pass over a mapping, then an mmap load
-  whose tensors stay views of the files):
-    load_state / raw mmap load   wall 1.56x (1.44-2.09)   CPU 1.45x (1.26-1.70)
-    save_state / torch.save      wall 1.08x (0.57-1.72)
-  after (xxh3_128 always there; each file read once into private memory and hashed while read,
-  files in parallel, deserialized from the verified buffer; nothing maps the files afterwards):
-    load_state / raw mmap load   wall 1.45x (0.96-1.87)   CPU 1.71x (0.96-1.79)
-    save_state / torch.save      wall 1.20x (0.75-2.53)
-  the reference's load_state     wall 0.62x (0.30-0.85)   CPU 0.52x (0.39-0.58) (no verification)
-On this VM the first touch of fresh memory costs about 0.6 s of CPU per GB (more than reading or
-hashing it): the verified load pays it for a private copy of every file, the raw load for the
-cloned optimizer state only (its weights go from the mapping straight into the parameters), which
-is most of the remaining gap. The 1.05-1.10x target of issue 24 was not reached here.
+Measured on the development machine: a 2-core VM shared with other jobs (wall times of one round
+vary 3x), 100M parameters (1.2 GB), 9 interleaved rounds, `--no-save --before-src <previous
+commit's src>`; ratios are median (min-max), wall time then CPU time, both Cadence versions in
+the same run (load average 2.8-3.9):
+  before (each file read into one whole-file buffer, hashed while read, files in parallel threads;
+  tensors views of that buffer):
+    load_state / raw mmap load   wall 2.34x (0.84-4.84)   CPU 2.13x (1.08-5.31)
+  after (each file read once on the loading thread, each tensor straight into memory of its own,
+  hashed in file order, handed out after the checksum matched):
+    load_state / raw mmap load   wall 1.08x (0.85-2.88)   CPU 1.13x (0.93-3.05)
+Earlier runs of the previous version, at load average 11-18: load_state 1.45x wall (0.96-1.87);
+save_state / torch.save 1.20x (0.75-2.53); the reference's load_state 0.62x its own raw load (it
+verifies nothing).
+The cost that remains is memory: on this VM a page fault of fresh memory costs more than reading
+and hashing the page (0.4 s of CPU per GB). A whole-file buffer is always fresh memory (one large
+block); separate tensors, allocated on the loading thread, reuse what earlier tensors freed, as
+the raw load's clones do. Huge pages for the buffer were tried and left out: 4x faster to fill
+when recently used, but about 3x slower than small pages in a new process on this VM, whose
+freed memory goes back to the host (free page reporting). A resume in a new process (one load
+per process, 6 rounds, load average 4-5): Cadence 0.48 s of CPU, the raw load 0.46 s, the
+previous version 0.74 s (CPU ratio medians 1.16x and 1.78x).
 """
 
 from __future__ import annotations
