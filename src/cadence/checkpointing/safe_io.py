@@ -11,6 +11,7 @@ exactly what was verified, and nothing refers to the file afterwards.
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import stat
@@ -130,6 +131,52 @@ def _allocate(size: int) -> Any:
         return torch.empty(size, dtype=torch.uint8)
     except ImportError:
         return bytearray(size)
+
+
+class RandomAccessFile(io.RawIOBase):
+    """Base of the read-only, seekable files of `size` bytes that checkpoint reading serves from
+    memory or a descriptor; a subclass fills `readinto` from position `_pos`."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self._size, self._pos = size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+
+def check_read(
+    directory: Path,
+    name: str,
+    complete: bool,
+    extra: bytes,
+    hasher: Any,
+    checksum: str | None,
+    algorithm: str | None,
+) -> None:
+    """Raise CheckpointCorruptError unless the file was read to exactly its size (`complete`, no
+    `extra` byte after it) and, when `hasher` is given, its digest is `checksum`."""
+    if not complete or extra:
+        raise corrupt(directory, f"{name}: changed size while being read (is it being written?)")
+    if hasher is not None:
+        actual = hasher.hexdigest()
+        if actual != checksum:
+            raise corrupt(
+                directory,
+                f"{name}: content changed since the save ({algorithm} is {actual}, "
+                f"the manifest says {checksum})",
+            )
 
 
 def buffer_view(buffer: Any) -> memoryview:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..xla import runtime as xla_runtime
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError, UnsafeCheckpointError
-from .safe_io import buffer_view
+from .safe_io import RandomAccessFile, buffer_view
 
 if TYPE_CHECKING:
     import torch
@@ -294,27 +294,12 @@ def _read_with(load, f: Any, map_location: Any, source: str) -> Any:
         raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
 
 
-class BufferFile(io.RawIOBase):
+class BufferFile(RandomAccessFile):
     """A read-only, seekable file over a memoryview, without copying it (io.BytesIO would)."""
 
     def __init__(self, view: memoryview) -> None:
-        super().__init__()
         self._view = view.cast("B") if view.format != "B" else view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        super().__init__(len(self._view))
 
     def readinto(self, b) -> int:
         chunk = self._view[self._pos : self._pos + len(b)]

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError
 from .fs import start_writeback
+from .safe_io import check_read, open_member, read_exactly
 from .safe_io import corrupt as read_error
-from .safe_io import open_member, read_exactly
 
 if TYPE_CHECKING:
     import torch
@@ -358,16 +358,7 @@ def read_tensor_file(
         raise read_error(directory, f"{name}: unreadable ({e.strerror})") from None
     finally:
         os.close(fd)
-    if not complete or extra:
-        raise read_error(directory, f"{name}: changed size while being read (is it being written?)")
-    if hasher is not None:
-        actual = hasher.hexdigest()
-        if actual != checksum:
-            raise read_error(
-                directory,
-                f"{name}: content changed since the save ({algorithm} is {actual}, "
-                f"the manifest says {checksum})",
-            )
+    check_read(directory, name, complete, extra, hasher, checksum, algorithm)
     if problem is not None:
         raise problem
     return out, metadata

@@ -22,32 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import new_hasher
-from .safe_io import corrupt, open_member, read_exactly
+from .safe_io import RandomAccessFile, check_read, corrupt, open_member, read_exactly
 
 _OWN_RECORD = 1 << 20  # records from this size on get memory of their own
 _READ_PIECE = 8 << 20  # hashed right after it is read, while it is still in the CPU cache
 
 
-class _PreadFile(io.RawIOBase):
+class _PreadFile(RandomAccessFile):
     """A seekable read-only view of a descriptor through pread (its file position is untouched)."""
 
     def __init__(self, fd: int, size: int) -> None:
-        super().__init__()
-        self._fd, self._size, self._pos = fd, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        super().__init__(size)
+        self._fd = fd
 
     def readinto(self, b) -> int:
         view = memoryview(b).cast("B")[: max(0, self._size - self._pos)]
@@ -104,24 +90,10 @@ class SegmentedFile:
         return _SegmentStorage(self)
 
 
-class _SegmentReader(io.RawIOBase):
+class _SegmentReader(RandomAccessFile):
     def __init__(self, file: SegmentedFile) -> None:
-        super().__init__()
-        self._file, self._pos = file, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._file.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        super().__init__(file.size)
+        self._file = file
 
     def readinto(self, b) -> int:
         out = memoryview(b).cast("B")
@@ -196,16 +168,7 @@ def read_torch_file(
         raise corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
     finally:
         os.close(fd)
-    if not complete or extra:
-        raise corrupt(directory, f"{name}: changed size while being read (is it being written?)")
-    if hasher is not None:
-        actual = hasher.hexdigest()
-        if actual != checksum:
-            raise corrupt(
-                directory,
-                f"{name}: content changed since the save ({algorithm} is {actual}, "
-                f"the manifest says {checksum})",
-            )
+    check_read(directory, name, complete, extra, hasher, checksum, algorithm)
     if not segments:
         segments.append((0, torch.empty(0, dtype=torch.uint8)))
     file = SegmentedFile(segments, size)
