@@ -117,6 +117,24 @@ def read_exactly(fd: int, view: memoryview) -> int:
     return got
 
 
+_HASHED_PIECE = 8 << 20  # hashed right after it is read, while it is still in the CPU cache
+
+
+def read_hashed(fd: int, view: memoryview, hasher: Any) -> int:
+    """Fill `view` from `fd`'s position piece by piece, each piece hashed (`hasher`, or None) right
+    after it is read; the bytes read (fewer than len(view) when the file ended)."""
+    done = 0
+    while done < len(view):
+        piece = view[done : done + _HASHED_PIECE]
+        got = read_exactly(fd, piece)
+        if hasher is not None:
+            hasher.update(piece[:got])
+        done += got
+        if got < len(piece):
+            break
+    return done
+
+
 def _allocate(size: int) -> Any:
     """Uninitialised, writable memory of `size` bytes (a torch uint8 tensor when torch is loaded).
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError
 from .fs import start_writeback
-from .safe_io import check_read, open_member, read_exactly
+from .safe_io import check_read, open_member, read_hashed
 from .safe_io import corrupt as read_error
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 _MAX_HEADER = 100 * 1024 * 1024
 _WRITE_CHUNK = 64 << 20
-_READ_PIECE = 8 << 20  # hashed right after it is read, while it is still in the CPU cache
+_READ_PIECE = 8 << 20  # scratch for the bytes between tensors
 
 
 def _dtype_names() -> dict[Any, str]:
@@ -296,17 +296,9 @@ def read_tensor_file(
     def read_into(view: memoryview) -> bool:
         """Fill `view` with the next bytes of the file, hashing them; False at a short read."""
         nonlocal position
-        done = 0
-        while done < len(view):
-            piece = view[done : done + _READ_PIECE]
-            got = read_exactly(fd, piece)
-            if hasher is not None:
-                hasher.update(piece[:got])
-            done += got
-            position += got
-            if got < len(piece):
-                return False
-        return True
+        got = read_hashed(fd, view, hasher)
+        position += got
+        return got == len(view)
 
     def skip_to(offset: int) -> bool:
         """Read (and hash) the bytes up to `offset` that belong to no tensor."""

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import new_hasher
-from .safe_io import RandomAccessFile, check_read, corrupt, open_member, read_exactly
+from .safe_io import RandomAccessFile, check_read, corrupt, open_member, read_hashed
 
 _OWN_RECORD = 1 << 20  # records from this size on get memory of their own
-_READ_PIECE = 8 << 20  # hashed right after it is read, while it is still in the CPU cache
 
 
 class _PreadFile(RandomAccessFile):
@@ -145,15 +144,9 @@ def read_torch_file(
         segment = torch.empty(end - position, dtype=torch.uint8)
         view = memoryview(segment.numpy()) if end > position else memoryview(b"")
         segments.append((position, segment))
-        for at in range(0, len(view), _READ_PIECE):
-            piece = view[at : at + _READ_PIECE]
-            got = read_exactly(fd, piece)
-            if hasher is not None:
-                hasher.update(piece[:got])
-            position += got
-            if got < len(piece):
-                return False
-        return True
+        got = read_hashed(fd, view, hasher)
+        position += got
+        return got == len(view)
 
     try:
         spans = _record_spans(_PreadFile(fd, size), size)
