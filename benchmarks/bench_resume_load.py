@@ -20,27 +20,37 @@ threads): on a machine shared with other work, CPU time shows the cost when wall
 Run: python benchmarks/bench_resume_load.py [--params 100] [--rounds 5]
      [--reference-python PATH] [--dir DIR]
 
-Measured on the development machine: a 2-core VM shared with other jobs (wall times of one round
-vary 3x), 100M parameters (1.2 GB), 9 interleaved rounds, `--no-save --before-src <previous
-commit's src>`; ratios are median (min-max), wall time then CPU time, both Cadence versions in
-the same run (load average 2.8-3.9):
-  before (each file read into one whole-file buffer, hashed while read, files in parallel threads;
-  tensors views of that buffer):
-    load_state / raw mmap load   wall 2.34x (0.84-4.84)   CPU 2.13x (1.08-5.31)
-  after (each file read once on the loading thread, each tensor straight into memory of its own,
-  hashed in file order, handed out after the checksum matched):
-    load_state / raw mmap load   wall 1.08x (0.85-2.88)   CPU 1.13x (0.93-3.05)
+Measured on the development machine, a 2-core VM shared with other jobs, 100M parameters (1.2 GB),
+`--no-save --before-src <previous commit's src>` (both Cadence versions in the same run); ratios
+are median (min-max), wall time then CPU time:
+  before: each file read into one whole-file buffer, hashed while read, the files in parallel
+          threads; tensors are views of the buffers
+  after:  each file read once on the loading thread, each large tensor straight into memory of
+          its own, hashed in file order, handed out after the checksum matched
+  machine loaded (load average 2.8-3.9), 9 rounds:
+    after   load_state / raw mmap load   wall 1.08x (0.85-2.88)   CPU 1.13x (0.93-3.05)
+    before  load_state / raw mmap load   wall 2.34x (0.84-4.84)   CPU 2.13x (1.08-5.31)
+  machine quiet (load average 0.8-1.3), 11 rounds (the raw load then takes 0.08 s: its clones
+  reuse memory freed by the previous round and fault nothing in):
+    after   load_state / raw mmap load   wall 4.55x (2.46-5.35)   CPU 2.52x (1.42-2.97)
+    before  load_state / raw mmap load   wall 2.77x (1.97-3.38)   CPU 2.59x (1.73-2.94)
+  a resume in a new process (one load per process: build the state, load once), quiet, 6 rounds,
+  medians: raw 0.090 s (CPU 0.169 s), after 0.329 s (CPU 0.351 s), before 0.442 s (CPU 0.653 s).
 Earlier runs of the previous version, at load average 11-18: load_state 1.45x wall (0.96-1.87);
 save_state / torch.save 1.20x (0.75-2.53); the reference's load_state 0.62x its own raw load (it
 verifies nothing).
-The cost that remains is memory: on this VM a page fault of fresh memory costs more than reading
-and hashing the page (0.4 s of CPU per GB). A whole-file buffer is always fresh memory (one large
-block); separate tensors, allocated on the loading thread, reuse what earlier tensors freed, as
-the raw load's clones do. Huge pages for the buffer were tried and left out: 4x faster to fill
-when recently used, but about 3x slower than small pages in a new process on this VM, whose
-freed memory goes back to the host (free page reporting). A resume in a new process (one load
-per process, 6 rounds, load average 4-5): Cadence 0.48 s of CPU, the raw load 0.46 s, the
-previous version 0.74 s (CPU ratio medians 1.16x and 1.78x).
+What remains is memory traffic and page faults: the verified load holds every byte of a file
+before any is used, so the weights pass through memory of their own before the copy into the
+parameters (the raw load copies them from the page cache mapping), and every byte is hashed; on
+this VM a page fault of fresh memory costs more than reading and hashing the page (0.4 s of CPU per
+GB). Reading on the loading thread lets the allocator reuse freed memory (a worker thread's arena
+or a whole-file buffer is fresh memory); the price is that files are no longer read in parallel,
+which a quiet machine with a free core shows. Tried and left out: huge pages for the buffers (4x
+faster to fill when recently used, about 3x slower than small pages in a new process on this VM,
+whose freed memory goes back to the host), hashing on a second thread (slower here: the bytes
+are no longer hot in the reading core's cache), optimizer files read per record in a background
+thread (its allocations fault in fresh memory: 5.8x). The 1.05-1.10x target holds only on the
+loaded machine.
 """
 
 from __future__ import annotations
