@@ -8,8 +8,9 @@ in alternating order:
   raw:       torch.load(mmap=True, weights_only=True) of torch.save'd files, model.load_state_dict,
              the optimizer state's tensors cloned (so nothing refers to the files), then
              optimizer.load_state_dict
-  cadence:   Accelerator.load_state (every byte checksummed before it is deserialized, read once,
-             files verified in parallel; nothing refers to the files afterwards)
+  cadence:   Accelerator.load_state (every byte checksummed before anything is deserialized or
+             handed out, each file read once, each tensor straight into memory of its own;
+             nothing refers to the files afterwards)
   reference: the reference's load_state, in a subprocess of --reference-python that times its own
              raw load in the same round (its ratio is against that raw load)
   save:      torch.save of both state dicts vs Cadence save_state (checksums, manifest, fsync)
@@ -19,23 +20,37 @@ threads): on a machine shared with other work, CPU time shows the cost when wall
 Run: python benchmarks/bench_resume_load.py [--params 100] [--rounds 5]
      [--reference-python PATH] [--dir DIR]
 
-Measured on the development machine: a 2-core VM shared with other jobs (load average 11-18
-throughout, so wall times of one round vary 3x), 100M parameters (1.2 GB), 7 interleaved rounds,
-`--before-src <previous commit's src> --hide-xxhash --reference-python <reference venv>`;
-ratios are median (min-max), wall time then CPU time:
-  before (sha256, the default without xxhash; checksum pass over a mapping, then an mmap load
-  whose tensors stay views of the files):
-    load_state / raw mmap load   wall 1.56x (1.44-2.09)   CPU 1.45x (1.26-1.70)
-    save_state / torch.save      wall 1.08x (0.57-1.72)
-  after (xxh3_128 always there; each file read once into private memory and hashed while read,
-  files in parallel, deserialized from the verified buffer; nothing maps the files afterwards):
-    load_state / raw mmap load   wall 1.45x (0.96-1.87)   CPU 1.71x (0.96-1.79)
-    save_state / torch.save      wall 1.20x (0.75-2.53)
-  the reference's load_state     wall 0.62x (0.30-0.85)   CPU 0.52x (0.39-0.58) (no verification)
-On this VM the first touch of fresh memory costs about 0.6 s of CPU per GB (more than reading or
-hashing it): the verified load pays it for a private copy of every file, the raw load for the
-cloned optimizer state only (its weights go from the mapping straight into the parameters), which
-is most of the remaining gap. The 1.05-1.10x target of issue 24 was not reached here.
+Measured on the development machine, a 2-core VM shared with other jobs, 100M parameters (1.2 GB),
+`--no-save --before-src <previous commit's src>` (both Cadence versions in the same run); ratios
+are median (min-max), wall time then CPU time:
+  before: each file read into one whole-file buffer, hashed while read, the files in parallel
+          threads; tensors are views of the buffers
+  after:  each file read once on the loading thread, each large tensor straight into memory of
+          its own, hashed in file order, handed out after the checksum matched
+  machine loaded (load average 2.8-3.9), 9 rounds:
+    after   load_state / raw mmap load   wall 1.08x (0.85-2.88)   CPU 1.13x (0.93-3.05)
+    before  load_state / raw mmap load   wall 2.34x (0.84-4.84)   CPU 2.13x (1.08-5.31)
+  machine quiet (load average 0.8-1.3), 11 rounds (the raw load then takes 0.08 s: its clones
+  reuse memory freed by the previous round and fault nothing in):
+    after   load_state / raw mmap load   wall 4.55x (2.46-5.35)   CPU 2.52x (1.42-2.97)
+    before  load_state / raw mmap load   wall 2.77x (1.97-3.38)   CPU 2.59x (1.73-2.94)
+  a resume in a new process (one load per process: build the state, load once), quiet, 6 rounds,
+  medians: raw 0.090 s (CPU 0.169 s), after 0.329 s (CPU 0.351 s), before 0.442 s (CPU 0.653 s).
+Earlier runs of the previous version, at load average 11-18: load_state 1.45x wall (0.96-1.87);
+save_state / torch.save 1.20x (0.75-2.53); the reference's load_state 0.62x its own raw load (it
+verifies nothing).
+What remains is memory traffic and page faults: the verified load holds every byte of a file
+before any is used, so the weights pass through memory of their own before the copy into the
+parameters (the raw load copies them from the page cache mapping), and every byte is hashed; on
+this VM a page fault of fresh memory costs more than reading and hashing the page (0.4 s of CPU per
+GB). Reading on the loading thread lets the allocator reuse freed memory (a worker thread's arena
+or a whole-file buffer is fresh memory); the price is that files are no longer read in parallel,
+which a quiet machine with a free core shows. Tried and left out: huge pages for the buffers (4x
+faster to fill when recently used, about 3x slower than small pages in a new process on this VM,
+whose freed memory goes back to the host), hashing on a second thread (slower here: the bytes
+are no longer hot in the reading core's cache), optimizer files read per record in a background
+thread (its allocations fault in fresh memory: 5.8x). The 1.05-1.10x target holds only on the
+loaded machine.
 """
 
 from __future__ import annotations

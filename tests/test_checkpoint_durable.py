@@ -94,12 +94,12 @@ def test_async_save_failing_at_exit_ends_the_process_non_zero():
 LOAD_THEN_CLOBBER = """
 import os, sys, torch
 from cadence import Accelerator
-ckpt = sys.argv[1]
+ckpt, width = sys.argv[1], int(sys.argv[2])
 def make():
     torch.manual_seed(0)
-    model = torch.nn.Linear(512, 512)
+    model = torch.nn.Linear(width, width)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model(torch.randn(8, 512)).sum().backward()
+    model(torch.randn(8, width)).sum().backward()
     optimizer.step()
     optimizer.zero_grad()
     return model, optimizer
@@ -130,16 +130,17 @@ for key in before[0]:
 for key in before[1]:
     for n in before[1][key]:
         assert torch.equal(before[1][key][n], after[1][key][n]), (key, n)
-model(torch.randn(8, 512)).sum().backward()
+model(torch.randn(8, width)).sum().backward()
 optimizer.step()  # touches every optimizer state tensor (SIGBUS if one still mapped a file)
 print("STEPPED", len(names), flush=True)
 """
 
 
-def test_after_load_state_nothing_refers_to_the_checkpoint_files(tmp_path):
+@pytest.mark.parametrize("width", [512, 1536])  # 1536: hashed by a second thread while read
+def test_after_load_state_nothing_refers_to_the_checkpoint_files(tmp_path, width):
     # A subprocess: were a state tensor still a view of a truncated file, the step would end the
     # process with SIGBUS.
-    done = _run(LOAD_THEN_CLOBBER, str(tmp_path / "ckpt"))
+    done = _run(LOAD_THEN_CLOBBER, str(tmp_path / "ckpt"), str(width))
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     assert "STEPPED" in done.stdout
 

@@ -2,11 +2,14 @@
 
 Opening validates the manifest and checks every file's type and size, so a truncated, incomplete
 or tampered-with checkpoint fails before anything is read. With verify="full", each file's checksum
-is checked before any byte of it is deserialized: each file is read once into private memory and
-hashed while it is read, then deserialized from that memory (tensors are views of it, nothing maps
-the file), so what is used is exactly what was verified, and nothing refers to the checkpoint's
-files after a load. `prefetch(names)` verifies several files in parallel in background threads. Load everything first, then check that each
-state fits its object, then apply: nothing is applied half-way.
+is checked before any byte of it is deserialized or handed out: each file is read once, hashed in
+file order while it is read, its tensors straight into memory of their own (safetensors by their
+header, torch files by their zip directory, see tensor_file and torch_file), and deserialized from
+that memory once the checksum matched; so what is used is exactly what was verified, and nothing
+maps or refers to the checkpoint's files after a load. `prefetch(names)` reads several files in
+background threads; `open_file` gives engines that read a file object the verified bytes. Load
+everything first, then check that each state fits its object, then apply: nothing is applied
+half-way.
 
     with open_checkpoint(path) as ckpt:
         weights = ckpt.load_tensors("model.safetensors")   # read once, checked, then parsed
@@ -16,6 +19,7 @@ state fits its object, then apply: nothing is applied half-way.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -39,7 +43,6 @@ from .manifest import (
     read_manifest,
 )
 from .safe_io import (
-    buffer_view,
     check_member,
     hash_member,
     open_member,
@@ -47,8 +50,9 @@ from .safe_io import (
     read_verified,
 )
 from .schema import check_member_name
-from .serialization import BufferFile, read_torch_buffer
-from .tensor_file import tensors_from_buffer
+from .serialization import read_torch_buffer
+from .tensor_file import read_tensor_file, tensors_from_buffer
+from .torch_file import SegmentedFile, read_torch_file
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +128,12 @@ class CheckpointReader:
 
     def file(self, name: str) -> Path:
         """Path of checkpoint file `name`, after checking it completely (verify='full'): for code
-        that reads the file itself (engines, hooks)."""
+        that can only read the file itself by its path (engines, hooks).
+
+        The check is a pass of its own, and the engine's read that follows is not covered by it
+        (a file rewritten in between would be read unverified); `open_file` hands over the very
+        bytes that were verified, in one read, and is preferred wherever a file object will do.
+        """
         size, checksum, algorithm = self._record(name)
         if checksum is not None:
             actual = hash_member(self.path, name, size, algorithm)
@@ -144,6 +153,16 @@ class CheckpointReader:
         elif size is not None:
             check_member(self.path, name, size)
         return self.path / name
+
+    def open_file(self, name: str) -> io.BufferedReader:
+        """A read-only, seekable binary file of checkpoint file `name`'s verified content: the file
+        is read once into private memory, hashed while it is read, and handed over only after its
+        checksum matched, so what the caller reads is exactly what was verified and nothing refers
+        to the checkpoint file afterwards (for engines that take a file object)."""
+        future = self._prefetched.pop(name, None)
+        if future is not None and not _is_tensor_file(name):
+            return io.BufferedReader(future.result().open())
+        return io.BufferedReader(self._read_torch(name).open())
 
     def read_bytes(self, name: str) -> bytes:
         """The verified content of file `name`."""
@@ -173,17 +192,24 @@ class CheckpointReader:
                 self._pool = ThreadPoolExecutor(
                     max_workers=_PREFETCH_THREADS, thread_name_prefix="cadence-ckpt-read"
                 )
-            self._prefetched[name] = self._pool.submit(self._read_verified, name)
+            read = self._read_tensors if _is_tensor_file(name) else self._read_torch
+            self._prefetched[name] = self._pool.submit(read, name)
 
     def _read_verified(self, name: str) -> Any:
         size, checksum, algorithm = self._record(name)
         return read_verified(self.path, name, size, checksum, algorithm)
 
+    def _read_torch(self, name: str) -> SegmentedFile:
+        size, checksum, algorithm = self._record(name)
+        return read_torch_file(self.path, name, size, checksum, algorithm)
+
+    def _read_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        size, checksum, algorithm = self._record(name)
+        return read_tensor_file(self.path, name, size, checksum, algorithm)[0]
+
     def _buffer(self, name: str) -> Any:
         """The verified content of `name` in private memory (a uint8 tensor), read exactly once."""
-        future = self._prefetched.pop(name, None)
-        if future is not None:
-            return future.result()
+        self._prefetched.pop(name, None)  # prefetched in another form: read again
         return self._read_verified(name)
 
     def load_object(
@@ -198,19 +224,29 @@ class CheckpointReader:
 
         if kwargs.get("weights_only") is False:
             allow_pickle = True
-        buffer = self._buffer(name)
+        future = self._prefetched.pop(name, None)
+        if future is not None and not _is_tensor_file(name):
+            data = future.result()
+        else:
+            data = self._read_torch(name)
         source = os.fspath(self.path / name)
         if not allow_pickle:
-            _check_torch_archive(BufferFile(buffer_view(buffer)), buffer.numel(), source, self.path)
+            _check_torch_archive(data.open(), data.size, source, self.path)
         return read_torch_buffer(
-            buffer, map_location, source=source, allow_pickle=allow_pickle, **kwargs
+            data, map_location, source=source, allow_pickle=allow_pickle, **kwargs
         )
 
     def load_tensors(self, name: str, device: str | int = "cpu") -> dict[str, torch.Tensor]:
-        """A safetensors file as a dict of tensors (views of the verified private copy on CPU)."""
+        """A safetensors file as a dict of tensors, each read from the file straight into its own
+        memory and returned after the whole file's checksum matched (see read_tensor_file)."""
 
-        buffer = self._buffer(name)
-        tensors, _ = tensors_from_buffer(buffer, os.fspath(self.path / name))
+        future = self._prefetched.pop(name, None)
+        if future is not None and _is_tensor_file(name):
+            tensors = future.result()
+        elif _is_tensor_file(name):
+            tensors = self._read_tensors(name)
+        else:  # another suffix: parsed from the verified whole-file buffer
+            tensors, _ = tensors_from_buffer(self._buffer(name), os.fspath(self.path / name))
         if str(device) != "cpu":
             tensors = {k: v.to(device) for k, v in tensors.items()}
         return tensors
@@ -233,6 +269,11 @@ class CheckpointReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _is_tensor_file(name: str) -> bool:
+    """Files read tensor by tensor (safetensors) rather than into one buffer."""
+    return name.endswith(".safetensors")
 
 
 def _check_torch_archive(f: Any, size: int, source: str, directory: Path) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..xla import runtime as xla_runtime
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError, UnsafeCheckpointError
-from .safe_io import buffer_view
+from .safe_io import RandomAccessFile, buffer_view
 
 if TYPE_CHECKING:
     import torch
@@ -294,27 +294,12 @@ def _read_with(load, f: Any, map_location: Any, source: str) -> Any:
         raise CheckpointCorruptError(f"Cannot read {source}: {e}") from e
 
 
-class BufferFile(io.RawIOBase):
+class BufferFile(RandomAccessFile):
     """A read-only, seekable file over a memoryview, without copying it (io.BytesIO would)."""
 
     def __init__(self, view: memoryview) -> None:
-        super().__init__()
         self._view = view.cast("B") if view.format != "B" else view
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        super().__init__(len(self._view))
 
     def readinto(self, b) -> int:
         chunk = self._view[self._pos : self._pos + len(b)]
@@ -349,15 +334,19 @@ def read_torch_buffer(
     **torch_load_kwargs: Any,
 ) -> Any:
     """What torch.save wrote, deserialized from `buffer` (a uint8 tensor holding the whole, already
-    verified file) with weights_only=True unless `allow_pickle`.
+    verified file, or a verified torch_file.SegmentedFile) with weights_only=True unless `allow_pickle`.
 
     The tensors of a weights-only load are views of `buffer` (no copy, nothing maps the file), the
     way torch.load(mmap=True) cuts them out of a mapping; other loads copy them out of it.
     """
     import torch
 
-    def as_file() -> BufferFile:
-        return BufferFile(buffer_view(buffer))
+    whole = isinstance(
+        buffer, torch.Tensor
+    )  # else a SegmentedFile (records in tensors of their own)
+
+    def as_file() -> Any:
+        return BufferFile(buffer_view(buffer)) if whole else buffer.open()
 
     loader = _zero_copy_loader()
     plain_cpu = map_location in (None, "cpu") or map_location == torch.device("cpu")
@@ -376,7 +365,7 @@ def read_torch_buffer(
                 reader,
                 map_location,
                 torch._weights_only_unpickler,
-                overall_storage=buffer.untyped_storage(),
+                overall_storage=buffer.untyped_storage() if whole else buffer.storage(),
                 encoding="utf-8",
             )
         except pickle.UnpicklingError as e:

@@ -6,10 +6,12 @@ checksums the same bytes in memory, so the file's checksum costs no re-read. The
 safetensors format (8-byte little-endian header length, JSON header padded to 8 bytes, tensors in
 order of decreasing element size so each is aligned), readable by the `safetensors` package.
 
-Reading: `tensors_from_buffer` parses a buffer that `safe_io.read_verified` already checked and
-returns tensors that are views of it (zero-copy). The header is validated first (size bounds,
-dtypes, shapes, offsets inside the data, no overlap), so a hostile header raises
-CheckpointCorruptError instead of reading out of bounds.
+Reading: `read_tensor_file` reads a file once, each tensor straight into memory of its own, hashing
+every byte in file order, and returns the tensors only after the checksum matched;
+`tensors_from_buffer` parses a whole file already in memory (tensors are views of it). The header
+is validated first (size bounds, dtypes, shapes, offsets inside the data, no overlap), so a hostile
+header raises CheckpointCorruptError instead of reading out of bounds or asking for more memory
+than the file's size.
 """
 
 from __future__ import annotations
@@ -19,17 +21,21 @@ import os
 import sys
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError
 from .fs import start_writeback
+from .safe_io import check_read, open_member, read_hashed
+from .safe_io import corrupt as read_error
 
 if TYPE_CHECKING:
     import torch
 
 _MAX_HEADER = 100 * 1024 * 1024
 _WRITE_CHUNK = 64 << 20
+_READ_PIECE = 8 << 20  # scratch for the bytes between tensors
 
 
 def _dtype_names() -> dict[Any, str]:
@@ -166,25 +172,18 @@ def _dtypes_by_name() -> dict[str, Any]:
     return {v: k for k, v in _dtype_names().items()}
 
 
-def tensors_from_buffer(
-    buffer: torch.Tensor, source: str
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors (views of `buffer`, a uint8 tensor holding a whole safetensors file) and metadata."""
+def _parse_header(
+    text: bytes, size: int, source: str
+) -> tuple[list[tuple[int, int, str, Any, list[int]]], dict[str, str]]:
+    """Validated entries (start, end, name, dtype, shape), offsets from the file's start and sorted,
+    and metadata of the JSON header `text` of a `size`-byte safetensors file."""
     import torch
 
     def bad(why: str) -> CheckpointCorruptError:
-        return CheckpointCorruptError(
-            f"Cannot read safetensors file {source}: {why}", problems=[f"{source}: {why}"]
-        )
+        return _bad(source, why)
 
-    size = buffer.numel()
-    if size < 8:
-        raise bad(f"{size} bytes, too short for a header")
-    header_len = int.from_bytes(bytes(buffer[:8].numpy()), "little")
-    if header_len > min(_MAX_HEADER, size - 8):
-        raise bad(f"header length {header_len} does not fit in the {size}-byte file")
     try:
-        header = json.loads(bytes(buffer[8 : 8 + header_len].numpy()).decode("utf-8"))
+        header = json.loads(text.decode("utf-8"))
     except RecursionError:
         raise bad("header JSON is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:
@@ -196,11 +195,10 @@ def tensors_from_buffer(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise bad("__metadata__ must map strings to strings")
-    data_start = 8 + header_len
+    data_start = 8 + len(text)
     data_size = size - data_start
     dtypes = _dtypes_by_name()
-    spans = []
-    out: dict[str, torch.Tensor] = {}
+    entries = []
     for name, info in header.items():
         if not isinstance(info, dict):
             raise bad(f"entry {name[:80]!r} is not an object")
@@ -232,13 +230,127 @@ def tensors_from_buffer(
             raise bad(
                 f"{name[:80]!r}: shape {shape} does not match its {offsets[1] - offsets[0]} bytes"
             )
-        spans.append((offsets[0], offsets[1], name))
-        raw = buffer[data_start + offsets[0] : data_start + offsets[1]]
-        if (data_start + offsets[0]) % itemsize:
-            raw = raw.clone()  # misaligned for its dtype (written by another tool): copy
-        out[name] = raw.view(dtype).reshape(shape)
-    spans.sort()
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        entries.append((data_start + offsets[0], data_start + offsets[1], name, dtype, shape))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    for (_, end, a, _, _), (start, _, b, _, _) in zip(entries, entries[1:]):
         if start < end:
             raise bad(f"tensors {a[:80]!r} and {b[:80]!r} overlap")
+    return entries, metadata
+
+
+def _bad(source: str, why: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"Cannot read safetensors file {source}: {why}", problems=[f"{source}: {why}"]
+    )
+
+
+def tensors_from_buffer(
+    buffer: torch.Tensor, source: str
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors (views of `buffer`, a uint8 tensor holding a whole safetensors file) and metadata."""
+    import torch
+
+    size = buffer.numel()
+    if size < 8:
+        raise _bad(source, f"{size} bytes, too short for a header")
+    header_len = int.from_bytes(bytes(buffer[:8].numpy()), "little")
+    if header_len > min(_MAX_HEADER, size - 8):
+        raise _bad(source, f"header length {header_len} does not fit in the {size}-byte file")
+    entries, metadata = _parse_header(bytes(buffer[8 : 8 + header_len].numpy()), size, source)
+    out: dict[str, torch.Tensor] = {}
+    for start, end, name, dtype, shape in entries:
+        raw = buffer[start:end]
+        if start % torch.empty((), dtype=dtype).element_size():
+            raw = raw.clone()  # misaligned for its dtype (written by another tool): copy
+        out[name] = raw.view(dtype).reshape(shape)
+    return out, metadata
+
+
+def read_tensor_file(
+    directory: str | os.PathLike,
+    name: str,
+    size: int,
+    checksum: str | None,
+    algorithm: str | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of safetensors file `name`, each tensor read from the file straight
+    into memory of its own and hashed in file order as it is read; returned only after the whole
+    file had `size` bytes and (when given) `checksum`.
+
+    One pass, no staging copy of the file: the header, which comes first, is hashed and then parsed
+    (JSON, validated: every tensor inside the file, none overlapping, so the memory asked for is at
+    most the file's size) to know where each tensor's bytes go. No tensor reaches the caller before
+    the checksum of exactly the bytes in it matched. Separate tensors, like the ones torch.save'd
+    weights load into, let the allocator reuse memory freed by earlier tensors.
+    """
+    import torch
+
+    directory = Path(directory)
+    source = os.fspath(directory / name)
+    hashing = checksum is not None and algorithm is not None
+    hasher = new_hasher(algorithm) if hashing else None
+    fd = open_member(directory, name, size)
+    position = 0
+    scratch: memoryview | None = None
+
+    def read_into(view: memoryview) -> bool:
+        """Fill `view` with the next bytes of the file, hashing them; False at a short read."""
+        nonlocal position
+        got = read_hashed(fd, view, hasher)
+        position += got
+        return got == len(view)
+
+    def skip_to(offset: int) -> bool:
+        """Read (and hash) the bytes up to `offset` that belong to no tensor."""
+        nonlocal scratch
+        while position < offset:
+            if scratch is None:
+                scratch = memoryview(bytearray(min(_READ_PIECE, size)))
+            if not read_into(scratch[: min(len(scratch), offset - position)]):
+                return False
+        return True
+
+    out: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = {}
+    problem: CheckpointCorruptError | None = None
+    complete = True
+    try:
+        if size < 8:
+            problem = _bad(source, f"{size} bytes, too short for a header")
+        else:
+            head = bytearray(8)
+            complete = read_into(memoryview(head))
+            header_len = int.from_bytes(head, "little")
+            if complete and header_len > min(_MAX_HEADER, size - 8):
+                problem = _bad(
+                    source, f"header length {header_len} does not fit in the {size}-byte file"
+                )
+            elif complete:
+                text = bytearray(header_len)
+                complete = read_into(memoryview(text))
+                if complete:
+                    try:
+                        entries, metadata = _parse_header(bytes(text), size, source)
+                    except CheckpointCorruptError as e:
+                        problem, entries = e, []
+                    for start, _end, key, dtype, shape in entries:
+                        complete = skip_to(start)
+                        if not complete:
+                            break
+                        tensor = torch.empty(shape, dtype=dtype)
+                        complete = read_into(_byte_view(tensor))
+                        if not complete:
+                            break
+                        out[key] = tensor
+        # the rest (or all of a file whose header is unusable) is hashed too: a damaged file is
+        # reported as changed since the save, not by the first symptom
+        complete = complete and skip_to(size)
+        extra = os.pread(fd, 1, size) if complete else b""
+    except OSError as e:
+        raise read_error(directory, f"{name}: unreadable ({e.strerror})") from None
+    finally:
+        os.close(fd)
+    check_read(directory, name, complete, extra, hasher, checksum, algorithm)
+    if problem is not None:
+        raise problem
     return out, metadata
