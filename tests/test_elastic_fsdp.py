@@ -75,3 +75,55 @@ def test_fsdp_checkpoint_saved_on_two_loads_on_another_number(
     assert max_difference(model, loaded[0][0]) == 0
     for rank, (_, loaded_optimizer) in enumerate(loaded):
         assert max_difference(optimizer, loaded_optimizer) == 0, f"rank {rank}"
+
+
+def _full_model_state(model) -> dict:
+    """The model's whole state, gathered on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    return {k: v.detach().clone() for k, v in get_model_state_dict(model, options=options).items()}
+
+
+def load_expecting_refusal(directory: str, version: int = 2):
+    """Load a damaged checkpoint into a model initialised differently: returns the error each rank
+    got and how far the model and optimizer moved (they must not)."""
+    from cadence.checkpointing import CheckpointError
+
+    acc = _accelerator(version)
+    model = make_model(seed=42)
+    optimizer = make_optimizer(model)
+    model, optimizer = acc.prepare(model, optimizer)
+    before = _full_model_state(model)
+    moments = _full_optimizer_state(model, optimizer)
+    error = None
+    try:
+        acc.load_state(directory)
+    except CheckpointError as e:
+        error = (type(e).__name__, str(e))
+    after = _full_model_state(model)
+    now = _full_optimizer_state(model, optimizer)
+    same = sorted(now) == sorted(moments) and all(now[k].equal(moments[k]) for k in now)
+    return error, max_difference(before, after), same
+
+
+@pytest.mark.parametrize("damaged", ["__0_0.distcp", ".metadata"])
+def test_a_damaged_shard_file_is_refused_on_every_rank_before_anything_changes(
+    dist_pool, tmp_path, damaged
+):
+    """torch.distributed.checkpoint reads FSDP's shard files itself (and unpickles `.metadata`):
+    they are checked against the manifest first, so one flipped byte (same size) is refused on
+    every rank, whichever rank would have read the file, and nothing is loaded."""
+    directory = tmp_path / "ckpt"
+    dist_pool(2).run(save_or_load, str(directory), "save", 2)
+    target = directory / "pytorch_model_fsdp_0" / damaged
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    results = dist_pool(2).run(load_expecting_refusal, str(directory))
+    for rank, (error, moved, optimizer_same) in enumerate(results):
+        assert error is not None, f"rank {rank} loaded a damaged checkpoint"
+        kind, message = error
+        assert kind == "CheckpointCorruptError" and f"pytorch_model_fsdp_0/{damaged}" in message
+        assert "nothing of it was applied" in message
+        assert moved == 0 and optimizer_same, f"rank {rank}: state changed"

@@ -28,6 +28,7 @@ from .async_writer import (
     write_rank_files,
 )
 from .atomic import begin_checkpoint, new_token
+from .engine_files import verify_engine_files
 from .errors import CheckpointError, CheckpointMismatchError, NoCheckpointError
 from .fs import wait_for_removals
 from .generation import fence
@@ -40,6 +41,7 @@ from .layout import (
     scheduler_file,
 )
 from .model_io import parse_shard_size, save_model
+from .reader import open_checkpoint
 from .rotation import (
     checkpoints_dir,
     cleanup_checkpoints_dir,
@@ -401,11 +403,18 @@ class Checkpointer:
                     "and load that through DeepSpeed's load_universal_checkpoint setting.",
                     path=path,
                 )
+        if strategy.saves_sharded_state:
+            # The strategy reads its own files after the states below are applied: all of them
+            # are checked first, every rank its share (a collective).
+            verify_engine_files(path, rank, self.num_processes, gather_object)
         apply_training_state(path, targets, loaded)
         if loaded.rng is not None:
             self.set_step(int(loaded.rng.get("step", self.get_step())))
         if strategy.saves_sharded_state:
-            strategy.load_sharded_state(path, prepared.models, prepared.optimizers)
+            with open_checkpoint(path) as reader:
+                strategy.load_sharded_state(
+                    path, prepared.models, prepared.optimizers, open_file=reader.open_file
+                )
         if loaded.rng is None:
             warnings.warn(
                 f"{path} holds no RNG state for process {rank} (it was saved with fewer processes "

@@ -116,6 +116,12 @@ class Strategy:
         """Write sharded model/optimizer state; unsharded backends raise NotImplementedError."""
         raise NotImplementedError(f"The {self.name} strategy saves models with the regular files.")
 
-    def load_sharded_state(self, directory: Any, models: list[Any], optimizers: list[Any]) -> None:
-        """Read sharded model/optimizer state; unsharded backends raise NotImplementedError."""
+    def load_sharded_state(
+        self, directory: Any, models: list[Any], optimizers: list[Any], open_file: Any = None
+    ) -> None:
+        """Read sharded model/optimizer state; unsharded backends raise NotImplementedError.
+
+        `open_file(name)`, when given, returns a file object of checkpoint file `name`'s verified
+        content (the checkpoint reader's): a strategy that reads files itself reads them through it.
+        """
         raise NotImplementedError(f"The {self.name} strategy loads models from the regular files.")

@@ -227,8 +227,14 @@ class DeepSpeedStrategy(Strategy):
         dist.barrier()
         return _files_of_rank(base, tags, self.context.process_index)
 
-    def load_sharded_state(self, directory: Any, models: list[Any], optimizers: list[Any]) -> None:
-        """`engine.load_checkpoint` from `directory` for each model; raises if a tag is missing."""
+    def load_sharded_state(
+        self, directory: Any, models: list[Any], optimizers: list[Any], open_file: Any = None
+    ) -> None:
+        """`engine.load_checkpoint` from `directory` for each model; raises if a tag is missing.
+
+        DeepSpeed reads its files by path, so `open_file` is not used: the checkpointer verifies
+        every file of the checkpoint before this runs.
+        """
         for index, engine in enumerate(models):
             tag = CHECKPOINT_TAG if index == 0 else f"{CHECKPOINT_TAG}_{index}"
             if not (Path(directory) / tag).is_dir():

@@ -95,9 +95,16 @@ class ShardedStrategy(Strategy):
         )
 
     def load_sharded_state(
-        self, directory: Any, models: Sequence[Any], optimizers: Sequence[Any]
+        self,
+        directory: Any,
+        models: Sequence[Any],
+        optimizers: Sequence[Any],
+        open_file: Any = None,
     ) -> None:
-        """Load what `save_sharded_state` wrote (possibly by another number of processes). Collective."""
+        """Load what `save_sharded_state` wrote (possibly by another number of processes). Collective.
+
+        `open_file(name)`: the checkpoint reader's opener of verified file content (see `load_sharded`).
+        """
 
         models = [self._state_model(m) for m in models]
         load_sharded(
@@ -106,4 +113,5 @@ class ShardedStrategy(Strategy):
             optimizers,
             full=self._full_checkpoints,
             optimizer_models=self._owners(models, optimizers),
+            open_file=open_file,
         )

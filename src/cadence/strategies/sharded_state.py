@@ -13,9 +13,10 @@ the files this rank wrote, relative to that folder.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,8 @@ MODEL_DIR = "pytorch_model_fsdp_{index}"
 OPTIMIZER_DIR = "optimizer_{index}"
 FULL_MODEL_FILE = "pytorch_model_fsdp.bin"
 FULL_OPTIMIZER_FILE = "optimizer.bin"
+# The checkpoint reader's opener of verified content: name relative to the folder -> binary file.
+OpenFile = Callable[[str], IO[bytes]]
 
 
 def _indexed(name: str, index: int) -> str:
@@ -144,8 +147,15 @@ def load_sharded(
     *,
     full: bool,
     optimizer_models: Sequence[torch.nn.Module] | None = None,
+    open_file: OpenFile | None = None,
 ) -> None:
-    """Load what `save_sharded` wrote into the (already sharded) models and optimizers."""
+    """Load what `save_sharded` wrote into the (already sharded) models and optimizers.
+
+    `open_file(name)`, given by the checkpoint's reader, returns a file object of the verified content
+    of checkpoint file `name` (a path relative to `directory`, such as
+    `pytorch_model_fsdp_0/__0_0.distcp`): every file is then read through it, so nothing is unpickled
+    or applied that did not match its checksum. Without it, the files are read directly.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -172,7 +182,7 @@ def load_sharded(
     for index, model in enumerate(models):
         if full:
             state = (
-                torch.load(base / _indexed(FULL_MODEL_FILE, index), weights_only=True)
+                _load_full(base, _indexed(FULL_MODEL_FILE, index), open_file)
                 if _rank() == 0
                 else {}
             )
@@ -181,7 +191,7 @@ def load_sharded(
             state = {"model": get_model_state_dict(model, options=_options(False))}
             dcp.load(
                 state,
-                storage_reader=dcp.FileSystemReader(base / MODEL_DIR.format(index=index)),
+                storage_reader=_reader(base, MODEL_DIR.format(index=index), open_file),
                 planner=_load_planner(),
             )
             set_model_state_dict(model, state["model"], options=_options(False))
@@ -191,7 +201,7 @@ def load_sharded(
         inner = _inner_optimizer(optimizer)
         if full:
             state = (
-                torch.load(base / _indexed(FULL_OPTIMIZER_FILE, index), weights_only=True)
+                _load_full(base, _indexed(FULL_OPTIMIZER_FILE, index), open_file)
                 if _rank() == 0
                 else {}
             )
@@ -200,10 +210,45 @@ def load_sharded(
             state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
             dcp.load(
                 state,
-                storage_reader=dcp.FileSystemReader(base / OPTIMIZER_DIR.format(index=index)),
+                storage_reader=_reader(base, OPTIMIZER_DIR.format(index=index), open_file),
                 planner=_load_planner(),
             )
             set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
+
+
+def _load_full(base: Path, name: str, open_file: OpenFile | None) -> Any:
+    """A whole (FULL_STATE_DICT) state file, through the verified opener when there is one."""
+    if open_file is None:
+        return torch.load(base / name, weights_only=True)
+    with open_file(name) as stream:
+        return torch.load(stream, weights_only=True)
+
+
+def _reader(base: Path, folder: str, open_file: OpenFile | None) -> Any:
+    """torch.distributed.checkpoint's file reader of `base/folder`; with `open_file`, every file it
+    opens (the pickled `.metadata` included) is served from the verified content instead."""
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(base / folder)
+    if open_file is not None:
+        reader.fs = _verified_file_system(base, open_file)
+    return reader
+
+
+def _verified_file_system(base: Path, open_file: OpenFile) -> Any:
+    """A torch.distributed.checkpoint file system that reads through `open_file` (read-only)."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class VerifiedFileSystem(FileSystem):
+        @contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
+            if mode != "rb":
+                raise ValueError(f"a checkpoint being loaded is read-only (asked for {mode!r})")
+            name = Path(path).relative_to(base).as_posix()
+            with open_file(name) as stream:
+                yield stream
+
+    return VerifiedFileSystem()
 
 
 def _load_planner() -> Any:
