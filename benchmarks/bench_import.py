@@ -20,8 +20,15 @@ after `import torch`. With the flag, each import is timed without that pass. The
 "+ Accelerator(cpu=True), prepare" times a script's first lines too, where that pass is inside the
 window for both libraries.
 
-Measured on the 2-core development VM, quiet (load average 0.9), `--runs 9 --clock cpu`, the
-reference 1.15.0 in a venv of its own with the same torch 2.13.0:
+Measured on the 2-core development VM, `--runs 9 --clock cpu`, the reference 1.15.0 in a venv of
+its own with the same torch 2.13.0. A plain install (a venv with torch 2.13.0 and `pip install .`, what
+a user has; load average 1.4):
+    from cadence import Accelerator        +42.3 ms over torch (budget 50: met)
+      + Accelerator(cpu=True), prepare    +1391 ms
+    reference: from accelerate import ...  +66.8 ms
+      + Accelerator(cpu=True), prepare    +1480 ms
+In `make test`'s venv (every optional package and its startup `.pth` files, which leave the
+collector's counters elsewhere after `import torch`; quiet, load average 0.9):
     from cadence import Accelerator        +107.8 ms over torch (the full collection falls inside)
       + Accelerator(cpu=True), prepare    +1432 ms
     reference: from accelerate import ...  +60.2 ms (the full collection falls after it)
