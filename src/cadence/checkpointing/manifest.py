@@ -223,7 +223,13 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
         return _read_one(directory, MANIFEST_NAME)
     # A per-worker folder without rank 0 has no folder manifest (see AtomicCheckpointWriter.commit):
     # its per-rank manifests are its record, and alone it is reported as missing rank 0's part.
-    top = _read_one(directory, MANIFEST_NAME) if (directory / MANIFEST_NAME).exists() else None
+    # Wherever rank 0's part is, the folder manifest must be too: it marks that commit complete.
+    holds_rank0 = rank_manifest_name(0) in names
+    top = (
+        _read_one(directory, MANIFEST_NAME)
+        if holds_rank0 or (directory / MANIFEST_NAME).exists()
+        else None
+    )
     whole = compose_rank_manifests(directory, [_read_one(directory, n) for n in sorted(names)])
     if top is not None:
         # The folder's manifest comes from the same commit as the per-rank ones of its ranks:
