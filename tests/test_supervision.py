@@ -172,9 +172,29 @@ TRAINS_ALONE = textwrap.dedent(
     import os, sys, time
     import torch
     from cadence import Accelerator
+    from cadence.tracking import GeneralTracker
     from cadence.utils import ProjectConfiguration
+
+    class Marker(GeneralTracker):  # writes what it logged to a file when finished
+        name, requires_logging_directory = "marker", False
+        def __init__(self, path):
+            super().__init__()
+            self.path, self.logged = path, []
+        @property
+        def tracker(self):
+            return self
+        def store_init_configuration(self, values):
+            pass
+        def log(self, values, step=None, **kwargs):
+            self.logged.append(step)
+        def finish(self):
+            with open(self.path, "w") as f:
+                f.write(f"finished after {len(self.logged)} logs")
+
     config = ProjectConfiguration(project_dir=sys.argv[1], automatic_checkpoint_naming=True)
-    acc = Accelerator(cpu=True, project_config=config)
+    marker = Marker(os.path.join(sys.argv[1], "tracker.txt"))
+    acc = Accelerator(cpu=True, project_config=config, log_with=[marker])
+    acc.init_trackers("run")
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = acc.prepare(model, opt)
@@ -183,6 +203,7 @@ TRAINS_ALONE = textwrap.dedent(
         acc.backward(model(batch.float().unsqueeze(1)).sum())
         opt.step()
         opt.zero_grad()
+        acc.log({"step": step + 1}, step=step + 1)
         print(f"step {step + 1}", flush=True)
         time.sleep(0.1)
     """
@@ -212,6 +233,11 @@ def test_a_stop_notice_to_one_process_commits_a_checkpoint_at_the_step_boundary(
     last_step = int([line for line in out.splitlines() if line.startswith("step ")][-1].split()[1])
     assert f"committed after step {last_step + 1}" in err or f"after step {last_step}" in err, err
     assert _checkpoints(project) == ["checkpoint_0"]
+    # The process ends at once after the checkpoint (no atexit handlers): its trackers were
+    # finished first, with everything logged up to the stop.
+    assert (project / "tracker.txt").read_text().startswith("finished after "), err
+    logged = int((project / "tracker.txt").read_text().split()[2])
+    assert logged >= last_step, (logged, last_step)
 
 
 def test_an_unknown_flag_is_reported_once_and_valid_flags_around_it_are_not(tmp_path):

@@ -175,7 +175,8 @@ class Accelerator(CheckpointMethods):
         )
         # The Checkpointer (and checkpoint storage with it) is built on first use: see _checkpointer.
         arm_stop_on_notice(_weakly(self, "save_state"), _weakly(self, "_wait_for_async_save"),
-                           settings.project_config, self.process_index, self.num_processes)  # fmt: skip
+                           settings.project_config, self.process_index, self.num_processes,
+                           finish_trackers=self._tracker_hub.end_training)  # fmt: skip
 
     # -- the state, as attributes -----------------------------------------------------------------
     device = property(lambda self: self.state.device, doc="This process's device.")

@@ -27,8 +27,13 @@ def arm_stop_on_notice(
     project_config: Any,
     process_index: int,
     num_processes: int,
+    finish_trackers: Callable[[], Any] | None = None,
 ) -> bool:
-    """Install the notice handler that checkpoints with `save_state()`; returns whether it did."""
+    """Install the notice handler that checkpoints with `save_state()`; returns whether it did.
+
+    After the checkpoint, `finish_trackers()` closes this process's trackers: the process then ends
+    at once (no atexit handlers run), and a tracker's run must not be left open or unflushed.
+    """
     automatic = bool(getattr(project_config, "automatic_checkpoint_naming", False))
     if not (automatic and getattr(project_config, "project_dir", None)):
         if process_index == 0 and _elastic_launch():
@@ -44,6 +49,13 @@ def arm_stop_on_notice(
     def checkpoint_and_stop() -> None:
         path = save_state()
         wait_for_save()
+        if finish_trackers is not None:
+            try:
+                finish_trackers()
+            except Exception as e:  # the checkpoint stands; a tracker must not keep the job alive
+                print(
+                    f"Cadence: stop notice: finishing the trackers failed: {e!r}", file=sys.stderr
+                )
         if process_index == 0:
             print(
                 f"Cadence: stop notice: checkpoint {path} committed after step {notice.completed}; "
