@@ -27,6 +27,9 @@ Measured (2-core machine shared with other jobs, medians of 2 runs each; torch 2
 | node death | 10.0 s | 13.7 s | 8.6 s | 5-6 |
 | stop notice (checkpoint committed) | 11.2 s (none) | 17.3 s (1.6 s) | 12.4 s (0.9 s) | 7-11 |
 | node join | 13.5 s | 14.4 s | 9.7 s | 6-11 |
+| node death | 7.1 s | | 6.8 s | 0.6-1 (quiet) |
+| stop notice (checkpoint committed) | 7.2 s (none) | | 5.2 s (0.9 s) | 0.6-1 (quiet) |
+| node join | 5.2 s | | 5.7 s | 0.6-1 (quiet) |
 
 The command above with its default setups, load average falling from 7 to 1 during the run (medians
 of 2): death 49.1 s (torch defaults) / 12.0 s (tuned) / 10.8 s (Cadence); notice 45.4 / 6.9 / 5.0 s
