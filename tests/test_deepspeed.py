@@ -129,7 +129,14 @@ def deepspeed_checkpoint(directory, phase, stage):
 def test_zero_checkpoint_round_trip(dist_pool, tmp_path, stage):
     pool = dist_pool(2)
     saved = pool.run(deepspeed_checkpoint, str(tmp_path), "save", stage, env=ENV, timeout=180)
-    loaded = pool.run(deepspeed_checkpoint, str(tmp_path), "load", stage, env=ENV, timeout=180)
+    # The load runs in fresh processes, as a resume does: ZeRO-3 leaves process-wide state behind
+    # (seen once in a full run: the next engine's start failed formatting a parameter). The pool
+    # starts again at its next use.
+    pool.close()
+    try:
+        loaded = pool.run(deepspeed_checkpoint, str(tmp_path), "load", stage, env=ENV, timeout=180)
+    finally:
+        pool.close()
     assert max_difference(saved[0][0], loaded[0][0]) == 0
     rank0, rank1 = set(saved[0][1]), set(saved[1][1])
     assert rank1 and not rank0 & rank1  # each rank wrote its own ZeRO partition
