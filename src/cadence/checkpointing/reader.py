@@ -159,10 +159,7 @@ class CheckpointReader:
         is read once into private memory, hashed while it is read, and handed over only after its
         checksum matched, so what the caller reads is exactly what was verified and nothing refers
         to the checkpoint file afterwards (for engines that take a file object)."""
-        future = self._prefetched.pop(name, None)
-        if future is not None and not _is_tensor_file(name):
-            return io.BufferedReader(future.result().open())
-        return io.BufferedReader(self._read_torch(name).open())
+        return io.BufferedReader(self._whole_file(name).open())
 
     def read_bytes(self, name: str) -> bytes:
         """The verified content of file `name`."""
@@ -199,6 +196,13 @@ class CheckpointReader:
         size, checksum, algorithm = self._record(name)
         return read_verified(self.path, name, size, checksum, algorithm)
 
+    def _whole_file(self, name: str) -> SegmentedFile:
+        """File `name` read and verified (by `prefetch`, or now) as a whole, not tensor by tensor."""
+        future = self._prefetched.pop(name, None)
+        if future is not None and not _is_tensor_file(name):
+            return future.result()
+        return self._read_torch(name)
+
     def _read_torch(self, name: str) -> SegmentedFile:
         size, checksum, algorithm = self._record(name)
         return read_torch_file(self.path, name, size, checksum, algorithm)
@@ -224,11 +228,7 @@ class CheckpointReader:
 
         if kwargs.get("weights_only") is False:
             allow_pickle = True
-        future = self._prefetched.pop(name, None)
-        if future is not None and not _is_tensor_file(name):
-            data = future.result()
-        else:
-            data = self._read_torch(name)
+        data = self._whole_file(name)
         source = os.fspath(self.path / name)
         if not allow_pickle:
             _check_torch_archive(data.open(), data.size, source, self.path)

@@ -16,6 +16,8 @@ import os
 import queue
 import stat
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -174,27 +176,42 @@ class RandomAccessFile(io.RawIOBase):
         return self._pos
 
 
+@contextmanager
+def reading_member(directory: Path, name: str, size: int) -> Iterator[int]:
+    """A descriptor of checkpoint file `name` (a regular file of `size` bytes inside `directory`),
+    closed afterwards; an OSError while it is read becomes a CheckpointCorruptError naming it."""
+    fd = open_member(directory, name, size)
+    try:
+        yield fd
+    except OSError as e:
+        raise corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def ends_at(fd: int, size: int) -> bool:
+    """Whether the file of `fd` has no byte at offset `size` (it did not grow while it was read)."""
+    return os.pread(fd, 1, size) == b""
+
+
 def check_read(
     directory: Path,
     name: str,
     complete: bool,
-    extra: bytes,
-    hasher: Any,
+    actual: str | None,
     checksum: str | None,
     algorithm: str | None,
 ) -> None:
-    """Raise CheckpointCorruptError unless the file was read to exactly its size (`complete`, no
-    `extra` byte after it) and, when `hasher` is given, its digest is `checksum`."""
-    if not complete or extra:
+    """Raise CheckpointCorruptError unless the file was read to exactly its size (`complete`) and,
+    when its digest was computed (`actual`), that digest is `checksum`."""
+    if not complete:
         raise corrupt(directory, f"{name}: changed size while being read (is it being written?)")
-    if hasher is not None:
-        actual = hasher.hexdigest()
-        if actual != checksum:
-            raise corrupt(
-                directory,
-                f"{name}: content changed since the save ({algorithm} is {actual}, "
-                f"the manifest says {checksum})",
-            )
+    if actual is not None and actual != checksum:
+        raise corrupt(
+            directory,
+            f"{name}: content changed since the save ({algorithm} is {actual}, "
+            f"the manifest says {checksum})",
+        )
 
 
 def buffer_view(buffer: Any) -> memoryview:
@@ -220,28 +237,16 @@ def read_verified(
     and a file rewritten on disk after this read cannot reach the caller unverified.
     """
     directory = Path(directory)
-    fd = open_member(directory, name, size)
     hashing = checksum is not None and algorithm is not None
-    try:
+    with reading_member(directory, name, size) as fd:
         buffer = _allocate(size)
         view = buffer_view(buffer)
         if hashing:
             got, actual = _read_hashing(fd, view, algorithm)
         else:
             got, actual = (read_exactly(fd, view) if size else 0), None
-        extra = os.pread(fd, 1, size) if got == size else b""
-    except OSError as e:
-        raise corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
-    finally:
-        os.close(fd)
-    if got != size or extra:
-        raise corrupt(directory, f"{name}: changed size while being read (is it being written?)")
-    if hashing and actual != checksum:
-        raise corrupt(
-            directory,
-            f"{name}: content changed since the save ({algorithm} is {actual}, "
-            f"the manifest says {checksum})",
-        )
+        complete = got == size and ends_at(fd, size)
+    check_read(directory, name, complete, actual, checksum, algorithm)
     return buffer
 
 

@@ -341,9 +341,8 @@ def read_torch_buffer(
     """
     import torch
 
-    whole = isinstance(
-        buffer, torch.Tensor
-    )  # else a SegmentedFile (records in tensors of their own)
+    # One uint8 tensor holding the file, or a SegmentedFile (records in tensors of their own).
+    whole = isinstance(buffer, torch.Tensor)
 
     def as_file() -> Any:
         return BufferFile(buffer_view(buffer)) if whole else buffer.open()

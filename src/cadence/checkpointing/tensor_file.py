@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError
 from .fs import start_writeback
-from .safe_io import check_read, open_member, read_hashed
-from .safe_io import corrupt as read_error
+from .safe_io import check_read, ends_at, read_hashed, reading_member
 
 if TYPE_CHECKING:
     import torch
@@ -289,7 +288,6 @@ def read_tensor_file(
     source = os.fspath(directory / name)
     hashing = checksum is not None and algorithm is not None
     hasher = new_hasher(algorithm) if hashing else None
-    fd = open_member(directory, name, size)
     position = 0
     scratch: memoryview | None = None
 
@@ -314,7 +312,7 @@ def read_tensor_file(
     metadata: dict[str, str] = {}
     problem: CheckpointCorruptError | None = None
     complete = True
-    try:
+    with reading_member(directory, name, size) as fd:
         if size < 8:
             problem = _bad(source, f"{size} bytes, too short for a header")
         else:
@@ -344,13 +342,15 @@ def read_tensor_file(
                         out[key] = tensor
         # the rest (or all of a file whose header is unusable) is hashed too: a damaged file is
         # reported as changed since the save, not by the first symptom
-        complete = complete and skip_to(size)
-        extra = os.pread(fd, 1, size) if complete else b""
-    except OSError as e:
-        raise read_error(directory, f"{name}: unreadable ({e.strerror})") from None
-    finally:
-        os.close(fd)
-    check_read(directory, name, complete, extra, hasher, checksum, algorithm)
+        complete = complete and skip_to(size) and ends_at(fd, size)
+    check_read(
+        directory,
+        name,
+        complete,
+        None if hasher is None else hasher.hexdigest(),
+        checksum,
+        algorithm,
+    )
     if problem is not None:
         raise problem
     return out, metadata

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import new_hasher
-from .safe_io import RandomAccessFile, check_read, corrupt, open_member, read_hashed
+from .safe_io import (
+    RandomAccessFile,
+    check_read,
+    corrupt,
+    ends_at,
+    read_hashed,
+    reading_member,
+)
 
 _OWN_RECORD = 1 << 20  # records from this size on get memory of their own
 
@@ -135,7 +142,6 @@ def read_torch_file(
 
     directory = Path(directory)
     hasher = new_hasher(algorithm) if checksum is not None and algorithm is not None else None
-    fd = open_member(directory, name, size)
     segments: list[tuple[int, Any]] = []
     position = 0
 
@@ -148,7 +154,7 @@ def read_torch_file(
         position += got
         return got == len(view)
 
-    try:
+    with reading_member(directory, name, size) as fd:
         spans = _record_spans(_PreadFile(fd, size), size)
         complete = True
         for start, end in spans:
@@ -156,12 +162,15 @@ def read_torch_file(
             if not complete:
                 break
         complete = complete and (position == size or read_segment(size)) and position == size
-        extra = os.pread(fd, 1, size) if complete else b""
-    except OSError as e:
-        raise corrupt(directory, f"{name}: unreadable ({e.strerror})") from None
-    finally:
-        os.close(fd)
-    check_read(directory, name, complete, extra, hasher, checksum, algorithm)
+        complete = complete and ends_at(fd, size)
+    check_read(
+        directory,
+        name,
+        complete,
+        None if hasher is None else hasher.hexdigest(),
+        checksum,
+        algorithm,
+    )
     if not segments:
         segments.append((0, torch.empty(0, dtype=torch.uint8)))
     file = SegmentedFile(segments, size)

@@ -87,7 +87,6 @@ class SupervisingAgent(LocalElasticAgent):
         self._world_size: int | None = None
         self.exit_codes: dict[int, int | None] = {}  # local rank -> exit code, at the last stop
         self.noticed_ranks: list[int] = []  # ranks of this node that got the notice themselves
-        self.left_round: int | None = None  # the rendezvous round this node left, on a notice
         SupervisingAgent.latest = self
 
     # -- why the workers are being stopped -------------------------------------------------------
@@ -158,7 +157,6 @@ class SupervisingAgent(LocalElasticAgent):
             return  # a static rendezvous: nothing to leave
         left, why_not = outcome
         if why_not is None:
-            self.left_round = left
             where = f" (rendezvous round {left})" if left is not None else ""
             text = f"left the job{where}; the other nodes go on without it"
         else:
