@@ -363,9 +363,7 @@ class AcceleratorState:
                 self.__dict__.update(partial.__dict__)
                 self.partial_state = partial
             asked = mixed_precision
-            if isinstance(
-                asked, PrecisionChoice
-            ):  # an Accelerator's: compared when passed explicitly
+            if isinstance(asked, PrecisionChoice):  # an Accelerator's: compared when explicit
                 asked = asked.mixed_precision if asked.explicit else None
             if asked is not None and str(asked) != self._mixed_precision:
                 raise ValueError(
