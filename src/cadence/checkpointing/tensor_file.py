@@ -343,14 +343,8 @@ def read_tensor_file(
         # the rest (or all of a file whose header is unusable) is hashed too: a damaged file is
         # reported as changed since the save, not by the first symptom
         complete = complete and skip_to(size) and ends_at(fd, size)
-    check_read(
-        directory,
-        name,
-        complete,
-        None if hasher is None else hasher.hexdigest(),
-        checksum,
-        algorithm,
-    )
+    actual = None if hasher is None else hasher.hexdigest()
+    check_read(directory, name, complete, actual, checksum, algorithm)
     if problem is not None:
         raise problem
     return out, metadata

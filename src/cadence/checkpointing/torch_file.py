@@ -163,14 +163,8 @@ def read_torch_file(
                 break
         complete = complete and (position == size or read_segment(size)) and position == size
         complete = complete and ends_at(fd, size)
-    check_read(
-        directory,
-        name,
-        complete,
-        None if hasher is None else hasher.hexdigest(),
-        checksum,
-        algorithm,
-    )
+    actual = None if hasher is None else hasher.hexdigest()
+    check_read(directory, name, complete, actual, checksum, algorithm)
     if not segments:
         segments.append((0, torch.empty(0, dtype=torch.uint8)))
     file = SegmentedFile(segments, size)
