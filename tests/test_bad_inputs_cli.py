@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cadence.commands.cli import main as cadence_main
-from cadence.commands.config_file import (
+from cadence.launch.args import build_launch_parser
+from cadence.launch.config_file import (
     CLUSTER_DISTRIBUTED_TYPES,
     ClusterConfig,
     ConfigFileError,
@@ -32,8 +33,7 @@ from cadence.commands.config_file import (
     load_config_from_file,
     write_basic_config,
 )
-from cadence.commands.launch_args import build_launch_parser
-from cadence.commands.launch_plan import LaunchPlan, LaunchPlanError, build_plan
+from cadence.launch.plan import LaunchPlan, LaunchPlanError, build_plan
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 # Bounded for CI; raise it to fuzz harder locally (e.g. CADENCE_FUZZ_EXAMPLES=5000).

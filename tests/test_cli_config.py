@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cadence.commands import config_file as cfg
+from cadence.launch import config_file as cfg
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from cadence.commands.config_file import load_config_from_file
+from cadence.launch.config_file import load_config_from_file
 
 pexpect = pytest.importorskip("pexpect")
 pytest.importorskip("questionary")

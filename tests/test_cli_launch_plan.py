@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cadence.commands.launch_args import build_launch_parser
-from cadence.commands.launch_plan import LaunchPlanError, build_plan
 from cadence.core.settings import LAUNCH_CONFIG_ENV, read_launch_config
+from cadence.launch.args import build_launch_parser
+from cadence.launch.plan import LaunchPlanError, build_plan
 from cadence.runtime.hardware import free_port
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
@@ -292,7 +292,7 @@ def test_dry_run_through_cli_shows_plan_sources_and_command(workdir):
     out = result.stdout
     assert "processes" in out and "[flag]" in out
     assert "bf16" in out and "[env CADENCE_MIXED_PRECISION]" in out
-    assert "cadence.commands.worker_bootstrap train.py --epochs 1" in out
+    assert "cadence.launch.worker_bootstrap train.py --epochs 1" in out
     assert "torch.distributed.run" in out and "--nproc_per_node 2" in out
 
 

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from cadence.commands.launch_args import build_launch_parser
-from cadence.commands.launch_plan import LaunchPlanError, build_plan
+from cadence.launch.args import build_launch_parser
 from cadence.launch.bounds import PROCESSES_PER_CORE
+from cadence.launch.plan import LaunchPlanError, build_plan
 from cadence.runtime.hardware import usable_cpu_count
 
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]

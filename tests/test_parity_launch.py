@@ -26,7 +26,7 @@ def test_flags_win_over_the_config_file_which_fills_the_rest(tmp_path, monkeypat
 
 def test_an_invalid_launch_lists_its_problems(tmp_path, monkeypatch):
     from cadence.commands.launch import _validate_launch_command, launch_command_parser
-    from cadence.commands.launch_plan import LaunchPlanError
+    from cadence.launch.plan import LaunchPlanError
 
     monkeypatch.chdir(tmp_path)
     args = launch_command_parser().parse_args(["--cpu", "missing.py"])

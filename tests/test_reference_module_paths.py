@@ -412,7 +412,7 @@ def test_prepare_multi_gpu_env_plans_the_launch():
 
 
 def test_prepare_multi_gpu_env_refuses_what_cadence_launch_refuses():
-    from cadence.commands.launch_settings import LaunchPlanError
+    from cadence.launch.settings import LaunchPlanError
     from cadence.utils import prepare_multi_gpu_env
 
     args = _reference_launch_namespace(mixed_precision="fp7")

@@ -1,4 +1,4 @@
-"""A node leaving torch elastic's c10d rendezvous on purpose (commands/rendezvous_leave.py), on a real
+"""A node leaving torch elastic's c10d rendezvous on purpose (launch/rendezvous_leave.py), on a real
 TCP store with two real rendezvous handlers (two "nodes" in one process, each its own node id)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-from cadence.commands.rendezvous_leave import leave_rendezvous
+from cadence.launch.rendezvous_leave import leave_rendezvous
 from harness import free_port
 
 

@@ -8,10 +8,18 @@ submodule named earlier would sit lower than the rest of its package (none does 
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # value types, the one settings resolver, availability, input errors; no process state
+    # value types, the one settings resolver, availability, input errors; no process state. The
+    # opt-in `accelerate` alias sits here too: it imports nothing of Cadence (its finder resolves
+    # names when `accelerate.*` is imported), and the launcher's worker bootstrap installs it.
     (
         "foundation",
-        ("cadence.core", "cadence.unsupported", "cadence._layers", "cadence._reference_paths"),
+        (
+            "cadence.core",
+            "cadence.unsupported",
+            "cadence.alias",
+            "cadence._layers",
+            "cadence._reference_paths",
+        ),
     ),
     # XLA probes and plans (torch_xla imported only when used)
     ("xla", ("cadence.xla",)),
@@ -38,14 +46,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "cadence.process_helpers",
         ),
     ),
-    # the façade and the launchers
+    # the façade and the launchers (everything below `cadence launch`'s command line)
     ("facade", ("cadence.accelerator", "cadence.launch", "cadence.fsdp_helpers", "cadence.errors")),
     # the CLI, the self-test, the testing helpers, the reference's paths and public namespaces
     (
         "surface",
         (
             "cadence.commands",
-            "cadence.alias",
             "cadence.selftest",
             "cadence.test_utils",
             "cadence.utils",

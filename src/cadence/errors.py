@@ -37,8 +37,8 @@ _EXPORTS = {
     "NotCheckpointableError": "cadence.checkpointing.checkpointer",
     "LaunchEnvironmentError": "cadence.runtime.topology",
     "LaunchConfigError": "cadence.core.settings",
-    "LaunchPlanError": "cadence.commands.launch_settings",
-    "ConfigFileError": "cadence.commands.config_file",
+    "LaunchPlanError": "cadence.launch.settings",
+    "ConfigFileError": "cadence.launch.config_file",
     "WorkerProcessesFailed": "cadence.launch.launchers",
 }
 

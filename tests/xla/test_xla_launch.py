@@ -79,7 +79,7 @@ def test_dry_run_shows_the_xla_worker_command_and_starts_nothing(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "worker command:" in proc.stdout
-    assert "cadence.commands.xla_worker --function train" in proc.stdout
+    assert "cadence.launch.xla_worker --function train" in proc.stdout
     assert MARK not in proc.stdout
 
 

@@ -63,7 +63,7 @@ def _fail(message: str) -> int:
 
 def config_command(args: argparse.Namespace) -> int:
     """`cadence config`: ask the questions and save the answers; returns the exit code."""
-    from .config_file import (
+    from ..launch.config_file import (
         default_config_path,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
     from .config_questions import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
@@ -84,7 +84,7 @@ def config_command(args: argparse.Namespace) -> int:
 
 def default_command(args: argparse.Namespace) -> int:
     """`cadence config default`: write a config for this machine without questions; exit code."""
-    from .config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         ConfigFileError,
         write_basic_config,
     )
@@ -101,7 +101,7 @@ def default_command(args: argparse.Namespace) -> int:
 
 def update_command(args: argparse.Namespace) -> int:
     """`cadence config update`: rewrite an old config file in the current format; exit code."""
-    from .config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         ConfigFileError,
         update_config_file,
     )

@@ -11,9 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..runtime import hardware
-from .config_file import ClusterConfig
-from .launch_args import (
+from ..launch.args import (
     DEEPSPEED_OFFLOAD_DEVICES,
     DYNAMO_BACKENDS,
     DYNAMO_MODES,
@@ -22,6 +20,8 @@ from .launch_args import (
     FSDP_SHARDING_STRATEGIES,
     FSDP_STATE_DICT_TYPES,
 )
+from ..launch.config_file import ClusterConfig
+from ..runtime import hardware
 
 Validator = Callable[
     [str], "str | None"

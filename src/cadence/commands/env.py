@@ -8,8 +8,8 @@ import shutil
 import sys
 from typing import Any
 
+from ..launch.config_file import ConfigFileError, default_config_path, load_config_from_file
 from ..runtime.hardware import usable_cpu_count, visible_gpu_count
-from .config_file import ConfigFileError, default_config_path, load_config_from_file
 
 
 def register(subparsers: Any) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .launch_args import UNSUPPORTED_FLAG_PREFIXES, build_launch_parser
+from ..launch.args import UNSUPPORTED_FLAG_PREFIXES, build_launch_parser
 
 _known_options: list[str] = []
 # Option string -> whether it takes a value (so a valid flag's value is never taken for a flag).
@@ -91,7 +91,7 @@ def _flags_before_script(args: argparse.Namespace) -> list[str]:
 
 def _cli_launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -> int:
     """`cadence launch` on the command line: an invalid launch is reported, exit code 2."""
-    from .launch_settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         LaunchPlanError,
     )
 
@@ -109,11 +109,11 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     `ValueError` listing every problem, before anything starts, as the reference's `launch_command`
     raises `ValueError`; the command line prints it and exits with code 2.
     """
-    from .launch_banner import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.banner import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         format_banner,
         format_dry_run,
     )
-    from .launch_plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         build_plan,
     )
 
@@ -128,7 +128,7 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     for name in ("func", "accepts_unknown", "dry_run", "command", "as_accelerate"):
         if name in vars(args):
             delattr(args, name)
-    from .launch_xla import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.xla_launcher import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         wants_xla,
         xla_launch,
     )
@@ -141,7 +141,7 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
         return 0
     if not plan.value("quiet"):
         print(format_banner(plan), file=sys.stderr, flush=True)
-    from .launch_runner import (
+    from ..launch.runner import (
         run_plan,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
 
@@ -162,13 +162,13 @@ def _validate_launch_command(
     `args`. Returns `(args, config, mixed_precision_from_config)`, `config` being the loaded config
     file or None. Raises `LaunchPlanError` (listing every problem) when the launch is invalid.
     """
-    from .config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         load_config_from_file,
     )
-    from .launch_plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.plan import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         build_plan,
     )
-    from .launch_settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ..launch.settings import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         CONFIG,
     )
 
@@ -294,7 +294,7 @@ def deepspeed_launcher(args: argparse.Namespace) -> None:
 
 def tpu_launcher(args: argparse.Namespace) -> None:
     """Run the script's main function on this host's XLA devices through torch_xla, and wait."""
-    from .launch_xla import (
+    from ..launch.xla_launcher import (
         xla_launch,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
 

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from .launch_plan import LaunchPlan, build_plan
+from ..launch.plan import LaunchPlan, build_plan
 
 # Flag groups that only mean something when their switch is on (the reference's namespace carries
 # them all, at their defaults).

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config_file import default_config_path, load_config_from_file
+from ..launch.config_file import default_config_path, load_config_from_file
 
 __all__ = ["main", "register", "tpu_command_launcher", "tpu_command_parser"]
 

@@ -64,7 +64,7 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "log_level": (None, ("CADENCE_LOG_LEVEL", "ACCELERATE_LOG_LEVEL")),
     "stuck_timeout": ("stuck_timeout", ("CADENCE_STUCK_TIMEOUT",)),
     # The stop notice (a scheduler's pre-kill signal) and how long the launcher waits for the
-    # checkpoint it triggers; see diagnostics/stop_notice.py and commands/elastic_agent.py.
+    # checkpoint it triggers; see diagnostics/stop_notice.py and launch/elastic_agent.py.
     "stop_signal": ("stop_signal", ("CADENCE_STOP_SIGNAL",)),
     "stop_grace": ("stop_grace", ("CADENCE_STOP_GRACE",)),
     "process_group_timeout": ("process_group_timeout", ()),

@@ -155,7 +155,7 @@ def format_failure_summary(
 
 def failures_from_elastic(error: Any, killed: dict[int, Any] | None = None) -> list[WorkerFailure]:
     """Convert torch elastic's ChildFailedError into WorkerFailure records; `killed` maps the pids
-    the launcher SIGKILLed itself to why (see commands/elastic_agent.LauncherKill)."""
+    the launcher SIGKILLed itself to why (see launch/elastic_agent.LauncherKill)."""
     killed = killed or {}
     result = []
     for rank, failure in sorted(error.failures.items()):

@@ -27,7 +27,7 @@ _RANKED_TYPES = (
     DistributedType.MULTI_NEURON,
 )
 _USE_CADENCE_LAUNCH = (
-    "Cadence's launcher computes each process's environment itself (cadence.commands.launch_plan): run "
+    "Cadence's launcher computes each process's environment itself (cadence.launch.plan): run "
     "`cadence launch [flags] script.py`, or `cadence launch --dry-run` to print the plan."
 )
 

@@ -117,7 +117,7 @@ _EXPORTS = {
     "is_xccl_available": "cadence.core.availability",
     "is_xpu_available": "cadence.core.availability",
     "torchao_required": "cadence.core.availability",
-    "write_basic_config": "cadence.commands.config_file",
+    "write_basic_config": "cadence.launch.config_file",
     "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION": "cadence.constants",
     "MODEL_NAME": "cadence.constants",
     "OPTIMIZER_NAME": "cadence.constants",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..commands.config_file import (
+from ..launch.config_file import (
     write_basic_config,
 )
 from ..process_helpers import (

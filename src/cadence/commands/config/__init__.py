@@ -1,5 +1,5 @@
 """The reference's `commands.config` path: the `config` command's parsers, `default_config_file`
-and `load_config_from_file` (homes: `cadence.commands.config_cmd`, `cadence.commands.config_file`)."""
+and `load_config_from_file` (homes: `cadence.commands.config_cmd`, `cadence.launch.config_file`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .update import update_command_parser
 def __getattr__(name: str) -> Any:
     # Resolved when read, so a later HF_HOME change is followed (the reference fixes it at import).
     if name == "default_config_file":
-        from ..config_file import (
+        from ...launch.config_file import (
             default_config_path,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         )
 

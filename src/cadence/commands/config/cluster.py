@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config_file import ClusterConfig
+from ...launch.config_file import ClusterConfig
 
 
 def get_cluster_input() -> ClusterConfig:

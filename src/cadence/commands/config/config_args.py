@@ -1,18 +1,18 @@
 """The reference's `commands.config.config_args` path: config-file classes, default locations and
-`load_config_from_file` (home: `cadence.commands.config_file`)."""
+`load_config_from_file` (home: `cadence.launch.config_file`)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from ..config_file import ClusterConfig, ConfigFile, SageMakerConfig
-from ..config_file import _BaseConfig as BaseConfig
-from ..config_file import load_config_from_file as _load_config_from_file
+from ...launch.config_file import ClusterConfig, ConfigFile, SageMakerConfig
+from ...launch.config_file import _BaseConfig as BaseConfig
+from ...launch.config_file import load_config_from_file as _load_config_from_file
 
 
 def _locations() -> dict[str, str]:
-    from ..config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+    from ...launch.config_file import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         default_config_dir,
         default_config_path,
     )

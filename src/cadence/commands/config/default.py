@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ...launch.config_file import write_basic_config
 from ..config_cmd import default_command
-from ..config_file import write_basic_config
 
 description = "Create a default config file for Cadence with only a few flags set."
 

@@ -1,4 +1,4 @@
-"""The reference's `commands.config.update` path: `config update` (home: `cadence.commands.config_file`)."""
+"""The reference's `commands.config.update` path: `config update` (home: `cadence.launch.config_file`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ...launch.config_file import update_config_file
 from ..config_cmd import update_command
-from ..config_file import update_config_file
 
 description = "Update an existing config file with the latest defaults while keeping its settings."
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import config_file as config_files
-from .launch_args import str_to_bool
+from .args import str_to_bool
 
 GPU_DISTRIBUTED_TYPES = {
     kind
@@ -199,7 +199,7 @@ def read_config(
 ) -> tuple[config_files.ClusterConfig | None, Setting]:
     """The config file named by the flag, CADENCE_CONFIG_FILE, or the default location (when present).
 
-    `allow_xla`: the XLA launcher (`launch_xla`) reads `distributed_type: XLA` files; the torchrun plan
+    `allow_xla`: the XLA launcher (`launch/xla_launcher.py`) reads `distributed_type: XLA` files; the torchrun plan
     refuses them with a message pointing to `--tpu`."""
     if "config_file" in explicit:
         path, source = explicit["config_file"], FLAG

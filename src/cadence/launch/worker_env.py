@@ -8,8 +8,8 @@ from typing import Any
 
 from ..core.settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from ..runtime import hardware
-from .launch_elastic import elastic_worker_env
-from .launch_settings import CONFIG, DEEPSPEED_SETTINGS, FSDP_SETTINGS
+from .elastic import elastic_worker_env
+from .settings import CONFIG, DEEPSPEED_SETTINGS, FSDP_SETTINGS
 
 
 def launch_record(plan: Any) -> dict[str, Any]:

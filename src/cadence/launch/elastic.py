@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..runtime import hardware
-from .launch_settings import DEFAULT, FLAG, LaunchPlanError, Setting
+from .settings import DEFAULT, FLAG, LaunchPlanError, Setting
 
 # Rendezvous settings of an elastic launch (seconds): a node is declared dead after 3 missed 1-s
 # heartbeats, and a new round waits 2 s for late nodes before it starts. `--rdzv_conf` overrides each.

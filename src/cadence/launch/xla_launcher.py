@@ -4,7 +4,7 @@ on this host's XLA devices through torch_xla's launcher (`xmp.spawn`), as the re
 Everything is checked before anything starts, and all problems are reported together. Multi-host TPU pod
 launching (`--tpu_cluster`, `--vm`, `--env`, `--tpu_use_sudo`, several machines) is not done by Cadence:
 the message says to run the same single-host command on every host of the pod. The script runs in a
-child process (`cadence.commands.xla_worker`), so the launcher itself never imports torch_xla.
+child process (`cadence.launch.xla_worker`), so the launcher itself never imports torch_xla.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 from ..core.settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from ..precision.choice import check_precision_supported
 from ..xla import runtime as xla_runtime
-from .launch_settings import LaunchPlanError, read_config
+from .settings import LaunchPlanError, read_config
 
-XLA_WORKER_MODULE = "cadence.commands.xla_worker"
+XLA_WORKER_MODULE = "cadence.launch.xla_worker"
 POD_FLAGS = {
     "tpu_use_cluster": "--tpu_cluster",
     "tpu_use_sudo": "--tpu_use_sudo",

@@ -2,7 +2,7 @@
 function, and run it on every XLA device of this host through torch_xla's `xmp.spawn` (the reference's
 TPU launcher does the same). `sys.argv` is the script's own arguments, as under `python script.py`.
 
-Usage: `python -m cadence.commands.xla_worker [--function main] [--single] script.py|--module mod [args]`
+Usage: `python -m cadence.launch.xla_worker [--function main] [--single] script.py|--module mod [args]`
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..launch.env import PrepareForLaunch
+from .env import PrepareForLaunch
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser("cadence.commands.xla_worker", allow_abbrev=False)
+    parser = argparse.ArgumentParser("cadence.launch.xla_worker", allow_abbrev=False)
     parser.add_argument("--function", default="main")
     parser.add_argument("--single", action="store_true", help="one process (nprocs=1)")
     parser.add_argument("--module", action="store_true")

@@ -24,8 +24,8 @@ from ..diagnostics.failure_report import (
 )
 from ..diagnostics.signing import JOB_TOKEN_ENV, new_job_token
 from ..diagnostics.stop_notice import RESUME_EXIT_CODE, stop_signal
-from .launch_elastic import is_loopback
-from .launch_plan import LaunchPlan
+from .elastic import is_loopback
+from .plan import LaunchPlan
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -137,7 +137,7 @@ def _run_elastic(plan: LaunchPlan) -> int:
     host = _store_host(plan)
     if host is None:
         return _run_elastic_agent(plan)
-    from ..launch.rendezvous_store import store_bound_to  # deferred: imports torch.distributed
+    from .rendezvous_store import store_bound_to  # deferred: imports torch.distributed
 
     port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
     local_nodes = plan.elastic and is_loopback(host)  # several local elastic "nodes"

@@ -1,6 +1,6 @@
 """Turn `cadence launch` flags, environment and config file into one validated launch plan.
 
-The plan says where each value came from (see `launch_settings`), holds the settings record the workers
+The plan says where each value came from (see `settings`), holds the settings record the workers
 receive (`cadence.core.settings`), their environment, and the exact `torch.distributed.run` arguments.
 Building a plan starts nothing; it imports torch only to count GPUs on a machine with a GPU driver.
 All problems are collected and reported together in one LaunchPlanError.
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..launch import bounds as launch_bounds
 from ..precision.choice import check_precision_supported
 from ..runtime import hardware
 from ..runtime.cuda_probe import cuda_compute_capability
+from . import bounds as launch_bounds
 from . import config_file as config_files
-from .launch_args import (
+from .args import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     DEEPSPEED_OFFLOAD_DEVICES,
     DYNAMO_BACKENDS,
@@ -35,12 +35,12 @@ from .launch_args import (
     FSDP_STATE_DICT_TYPES,
     RDZV_BACKENDS,
 )
-from .launch_elastic import (
+from .elastic import (
     apply_node_range,
     apply_rdzv_endpoint,
     torchrun_args,
 )
-from .launch_settings import (
+from .settings import (
     CONFIG,
     CPU_SKIPS_DEFAULT_CONFIG,
     DEEPSPEED_SETTINGS,
@@ -55,11 +55,11 @@ from .launch_settings import (
     config_values,
     read_config,
 )
-from .launch_worker_env import launch_record, worker_environment
+from .worker_env import launch_record, worker_environment
 
 __all__ = ["LaunchPlan", "LaunchPlanError", "Setting", "build_plan"]
 
-WORKER_BOOTSTRAP_MODULE = "cadence.commands.worker_bootstrap"
+WORKER_BOOTSTRAP_MODULE = "cadence.launch.worker_bootstrap"
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 PARADIGMS = ("multi_gpu", "use_fsdp", "use_deepspeed")
 

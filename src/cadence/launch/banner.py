@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 
-from .launch_plan import LaunchPlan
+from .plan import LaunchPlan
 
 
 def _rendezvous_source(plan: LaunchPlan) -> str:

@@ -1,6 +1,6 @@
 """Run the user's script (or `--module name`) as one worker of `cadence launch`.
 
-`python -m cadence.commands.worker_bootstrap [--module] target [args...]` behaves like
+`python -m cadence.launch.worker_bootstrap [--module] target [args...]` behaves like
 `python target args...` (or `python -m target`), and in addition:
 
 - an uncaught exception is written to the JSON error file torch elastic names in
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     if as_module:
         argv = argv[1:]
     if not argv:
-        sys.exit("usage: python -m cadence.commands.worker_bootstrap [--module] target [args...]")
+        sys.exit("usage: python -m cadence.launch.worker_bootstrap [--module] target [args...]")
     _die_with_parent()
     _listen_to_interrupts()
     _whole_lines()
