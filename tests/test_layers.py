@@ -174,14 +174,13 @@ def test_layers_name_every_module_once():
 ENVIRONMENT_READERS = (
     "cadence.core.settings",
     "cadence.core.environment",  # the reference's public environment helpers (patch, parse, purge)
-    "cadence.launch.env",  # the reference's launcher-side environment builders
     "cadence.test_utils",  # testing helpers and scripts, written as a user would
     "cadence.runtime.topology",
     "cadence.runtime.hardware",
     "cadence.runtime.cuda_probe",
-    "cadence.launch.launchers",
-    "cadence.launch.bounds",
-    "cadence.launch.rendezvous_store",
+    # the launcher side: the CLI's entry points and everything below them (the plan, the elastic
+    # agent, the worker bootstrap, the notebook launchers, the reference's environment builders)
+    "cadence.launch",
     "cadence.commands",
 )
 _ENV_READ = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=)")
