@@ -10,6 +10,14 @@ samples of the same order and sharding the rest over the m processes, under the 
 `drop_last` rules. On the same number of processes the per-process count is used as before, so an
 exact resume stays bit-identical, padding included.
 
+Every process draws the same order, but not always from the same generator: on several processes a
+random sampler shuffles with the generator preparation gave it (shared by all ranks), on one process
+it has none and shuffles with torch's global generator, as the unprepared DataLoader does. The
+position says which (`GLOBAL_ORDER_KEY`): an epoch whose order came from the global generator is
+replayed from the global generator's saved state on any number of processes, the sampler's own
+generator set aside while the order is drawn (and untouched by it); the epochs after draw as the
+resuming loader always does.
+
 Exactness needs an order that can be replayed without running the data: a map-style dataset under a
 (batch) sampler. An iterable dataset, or a dispatching loader, resumes only on the number of
 processes that saved it (a clear error otherwise).
@@ -18,17 +26,19 @@ processes that saved it (a clear error otherwise).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler
 
-from .samplers import SkipBatchSampler, get_sampler
+from .samplers import SkipBatchSampler, draws_from_global_rng, get_sampler
 from .sharding import BatchSamplerShard, IterableDatasetShard
 
 GLOBAL_KEY = "global"
+# Set in a mid-epoch position whose epoch order was drawn from torch's global generator.
+GLOBAL_ORDER_KEY = "order_from_global_rng"
 
 
 def _batch_sampler(loader: Any) -> Any:
@@ -171,3 +181,23 @@ def adopt_generators(loader: Any, names: list[str]) -> None:
     generator = torch.Generator()
     sampler.generator = generator
     loader.synchronized_generator = generator
+
+
+def draw_from_global_rng(loader: Any) -> Callable[[], None]:
+    """Set aside the sampler's own generator, so that the epoch's order is drawn from torch's global
+    generator as the loader that saved the position drew it (on one process); returns the function
+    that puts it back once the order is drawn (a random sampler draws it when it starts)."""
+    sampler = get_sampler(loader)
+    if sampler is None or not hasattr(sampler, "generator") or draws_from_global_rng(sampler):
+        return _nothing
+    own = sampler.generator
+    sampler.generator = None
+
+    def put_back() -> None:
+        sampler.generator = own
+
+    return put_back
+
+
+def _nothing() -> None:
+    return None

@@ -17,7 +17,7 @@ from ..diagnostics.stop_notice import notice as stop_notice
 from ..runtime.random import synchronize_rng_states
 from ..runtime.state import GradientState
 from .device_prefetch import batch_transfer, pin_memory_kwargs
-from .elastic import SourceResumeSkip
+from .elastic import GLOBAL_ORDER_KEY, SourceResumeSkip, draw_from_global_rng
 from .position import (
     LoaderPosition,
     load_position,
@@ -303,6 +303,11 @@ class DataLoaderAdapter(DataLoader):
                 self._iterator = None  # a kept iterator would not see the skipping index sampler
         if early is None or not getattr(self, "_initial_iter_for_state_dict", False):
             early = None  # the iterator state_dict() made is not the one this epoch reads
+        put_back = None
+        if resume is not None and resume.get(GLOBAL_ORDER_KEY) and "torch_rng_state" in resume:
+            # Saved where the sampler shuffled with the global generator (one process): this
+            # epoch's order is drawn from it again, whatever generator this loader shuffles with.
+            put_back = draw_from_global_rng(self)
         snapshot = early if early is not None else take_snapshot(self, with_global=True)
         resuming = None
         if index_skip:
@@ -321,6 +326,8 @@ class DataLoaderAdapter(DataLoader):
             first = next(iterator, _EXHAUSTED) if fetch_first else _EXHAUSTED
         finally:
             self._resuming_index_sampler = None
+            if put_back is not None:
+                put_back()
             if loaded_global is not None:
                 torch.set_rng_state(loaded_global)
         return iterator, first, snapshot
