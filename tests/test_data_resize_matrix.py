@@ -11,7 +11,8 @@ window of an accumulation of 3 (the real launches of test_elastic_resize.py run 
 
 The resumed epoch must be the rest of the saved epoch's order, cut the way M processes cut an epoch:
 nothing repeated but the padding of even_batches (from the epoch's first samples, as a fresh epoch on
-M pads), nothing left out but the tail that drop_last drops. The epoch after it is a whole epoch on
+M pads), nothing left out but the tail that drop_last drops; the loader's `remainder` (how
+gather_for_metrics drops that padding) counts the real samples of its last step. The epoch after it is a whole epoch on
 M, in the order the saved run would have drawn next wherever a generator carries that order (a
 sequential loader, the seedable sampler, a run saved on several processes, a resume on one). A run
 saved on one process shuffled with torch's global generator, which processes do not share: on M > 1
@@ -185,6 +186,7 @@ def test_saved_on_n_resumed_on_m(kind, saved, resumed, even, drop_last, split, a
         # What load_state gives each rank: its own position, rank 0's to a rank the run had not.
         loader.load_state_dict(states[rank] if rank < saved else states[0])
     rest = one_epoch(loaders)
+    remainder = loaders[0].remainder  # real samples of the last step (the rest is padding)
     following = one_epoch(loaders)
 
     # The order the saved run would draw next, where a generator the processes share carries it.
@@ -198,7 +200,48 @@ def test_saved_on_n_resumed_on_m(kind, saved, resumed, even, drop_last, split, a
             before == trained(order, order, saved, *layout)  # saved after the epoch's last step
         )
         assert rest == trained(order[done:], order, resumed, *layout), "the rest of the epoch"
+        if saved != resumed and not drop_last:
+            # gather_for_metrics drops the padding by this count: the real samples of the last step
+            step = SPLIT_BATCH if split else resumed * BATCH
+            assert remainder == len(order[done:]) % step
     if carried:
         assert following == trained(next_order, next_order, resumed, *layout), "the next epoch"
     else:
         assert_whole_epoch(following, resumed, *layout)
+
+
+class VariableBatches(BatchSampler):
+    """A user's batch sampler with batches of 1, 2, 3, 1, 2, 3, ... samples and no batch_size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __iter__(self):
+        start, length = 0, 1
+        while start < self.size:
+            yield list(range(start, min(start + length, self.size)))
+            start, length = start + length, length % 3 + 1
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+@pytest.mark.parametrize("saved, resumed", [(1, 2), (2, 3), (3, 1)])
+def test_a_batch_sampler_without_batch_size_is_refused_on_another_number(saved, resumed):
+    def variable(world, rank):
+        loader = DataLoader(list(range(SIZE)), batch_sampler=VariableBatches(SIZE))
+        return prepare_data_loader(loader, num_processes=world, process_index=rank)
+
+    loaders = [variable(saved, r) for r in range(saved)]
+    iterators = [iter(loader) for loader in loaders]
+    [next(iterator) for iterator in iterators]
+    state = through_file(loaders[0].state_dict())
+    fresh = variable(resumed, 0)
+    with pytest.raises(
+        ValueError, match=f"saved mid-epoch on {saved} process.*no fixed batch_size"
+    ):
+        fresh.load_state_dict(state)  # refused when loading, before any batch is handed out
+    # On the number of processes that saved it, the same state resumes.
+    same = variable(saved, 0)
+    same.load_state_dict(state)
+    assert [b.tolist() for b in same][0] == [b.tolist() for b in variable(saved, 0)][1]

@@ -127,7 +127,15 @@ def resharded(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
     if not state.get("in_epoch"):
         return state
     samples, size = saved.get("samples"), layout.get("source_batch_size")
-    if not isinstance(samples, int) or not isinstance(size, int) or samples % size:
+    if not isinstance(samples, int) or not isinstance(size, int):
+        raise ValueError(
+            f"This dataloader state was saved mid-epoch on {saved.get('num_processes')} "
+            f"process(es) and this loader runs on {layout['num_processes']}, but its batch sampler "
+            "has no fixed batch_size, so the samples of the epoch already trained cannot be counted "
+            f"from its batches. Resume on {saved.get('num_processes')} process(es), or give the "
+            "batch sampler a fixed `batch_size`."
+        )
+    if samples % size:
         raise ValueError(
             f"This dataloader state was saved after {samples} samples of the epoch on "
             f"{saved.get('num_processes')} process(es); this loader's batches of {size} samples "

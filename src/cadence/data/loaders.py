@@ -426,6 +426,10 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         )
         source_skip = int(resume.get("source_skip", 0)) if resume is not None else 0
         position.start_epoch(snapshot, own_skip + resume_skip, source_skip)
+        if source_skip and self.remainder >= 0:
+            # Resumed on another number of processes: the last global batch holds what is left
+            # after the samples trained before the save (the rest of it is padding).
+            self.remainder = self._samples_left_after(source_skip) % self.total_batch_size
         # An epoch resumed after its last batch has nothing left but still ends.
         had_batches = current is not _EXHAUSTED or resume_skip > 0 or source_skip > 0
         while discard and current is not _EXHAUSTED:
@@ -512,6 +516,12 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             return self._samples_per_epoch() % self.total_batch_size
         except Exception:  # noqa: BLE001 - no length or no batch size: unknown
             return -1
+
+    def _samples_left_after(self, source_batches: int) -> int:
+        batch_sampler = (
+            self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        )
+        return max(self._samples_per_epoch() - source_batches * batch_sampler.batch_size, 0)
 
     def _samples_per_epoch(self) -> int:
         sampler = get_sampler(self)
