@@ -245,3 +245,17 @@ def test_a_batch_sampler_without_batch_size_is_refused_on_another_number(saved, 
     same = variable(saved, 0)
     same.load_state_dict(state)
     assert [b.tolist() for b in same][0] == [b.tolist() for b in variable(saved, 0)][1]
+
+
+@pytest.mark.parametrize("resumed", [2, 3])
+def test_a_one_process_position_from_before_the_global_order_flag_resumes_exactly(resumed):
+    # A position saved on one process by the Cadence of issue 24 has the global generator's state
+    # but does not say the order came from it: naming no sampler generator says it.
+    order, _ = uninterrupted_orders(1, "shuffled", False)
+    before, states = saved_run("shuffled", 1, True, False, False, "mid")
+    assert states[0].pop("order_from_global_rng") is True
+    loaders = [build(resumed, r, "shuffled", True, False, False) for r in range(resumed)]
+    for loader in loaders:
+        loader.load_state_dict(states[0])
+    done = len(before)
+    assert one_epoch(loaders) == trained(order[done:], order, resumed, True, False, False)

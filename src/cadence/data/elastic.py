@@ -191,6 +191,15 @@ def adopt_generators(loader: Any, names: list[str]) -> None:
     loader.synchronized_generator = generator
 
 
+def order_from_global_rng(state: dict[str, Any]) -> bool:
+    """Whether a mid-epoch position's order was drawn from torch's global generator: it says so, or
+    (a position saved before it said so) it names no sampler generator but the global state."""
+    if "torch_rng_state" not in state:
+        return False
+    names = set(state.get("generator_names") or ())
+    return bool(state.get(GLOBAL_ORDER_KEY)) or not names & {"synchronized", "sampler"}
+
+
 def draw_from_global_rng(loader: Any) -> Callable[[], None]:
     """Set aside the sampler's own generator, so that the epoch's order is drawn from torch's global
     generator as the loader that saved the position drew it (on one process); returns the function

@@ -17,7 +17,7 @@ from ..diagnostics.stop_notice import notice as stop_notice
 from ..runtime.random import synchronize_rng_states
 from ..runtime.state import GradientState
 from .device_prefetch import batch_transfer, pin_memory_kwargs
-from .elastic import GLOBAL_ORDER_KEY, SourceResumeSkip, draw_from_global_rng
+from .elastic import SourceResumeSkip, draw_from_global_rng, order_from_global_rng
 from .position import (
     LoaderPosition,
     load_position,
@@ -304,7 +304,7 @@ class DataLoaderAdapter(DataLoader):
         if early is None or not getattr(self, "_initial_iter_for_state_dict", False):
             early = None  # the iterator state_dict() made is not the one this epoch reads
         put_back = None
-        if resume is not None and resume.get(GLOBAL_ORDER_KEY) and "torch_rng_state" in resume:
+        if resume is not None and order_from_global_rng(resume):
             # Saved where the sampler shuffled with the global generator (one process): this
             # epoch's order is drawn from it again, whatever generator this loader shuffles with.
             put_back = draw_from_global_rng(self)
