@@ -10,6 +10,14 @@ samples of the same order and sharding the rest over the m processes, under the 
 `drop_last` rules. On the same number of processes the per-process count is used as before, so an
 exact resume stays bit-identical, padding included.
 
+Every process draws the same order, but not always from the same generator: on several processes a
+random sampler shuffles with the generator preparation gave it (shared by all ranks), on one process
+it has none and shuffles with torch's global generator, as the unprepared DataLoader does. The
+position says which (`GLOBAL_ORDER_KEY`): an epoch whose order came from the global generator is
+replayed from the global generator's saved state on any number of processes, the sampler's own
+generator set aside while the order is drawn (and untouched by it); the epochs after draw as the
+resuming loader always does.
+
 Exactness needs an order that can be replayed without running the data: a map-style dataset under a
 (batch) sampler. An iterable dataset, or a dispatching loader, resumes only on the number of
 processes that saved it (a clear error otherwise).
@@ -18,17 +26,19 @@ processes that saved it (a clear error otherwise).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler
 
-from .samplers import SkipBatchSampler, get_sampler
+from .samplers import SkipBatchSampler, draws_from_global_rng, get_sampler
 from .sharding import BatchSamplerShard, IterableDatasetShard
 
 GLOBAL_KEY = "global"
+# Set in a mid-epoch position whose epoch order was drawn from torch's global generator.
+GLOBAL_ORDER_KEY = "order_from_global_rng"
 
 
 def _batch_sampler(loader: Any) -> Any:
@@ -117,7 +127,15 @@ def resharded(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
     if not state.get("in_epoch"):
         return state
     samples, size = saved.get("samples"), layout.get("source_batch_size")
-    if not isinstance(samples, int) or not isinstance(size, int) or samples % size:
+    if not isinstance(samples, int) or not isinstance(size, int):
+        raise ValueError(
+            f"This dataloader state was saved mid-epoch on {saved.get('num_processes')} "
+            f"process(es) and this loader runs on {layout['num_processes']}, but its batch sampler "
+            "has no fixed batch_size, so the samples of the epoch already trained cannot be counted "
+            f"from its batches. Resume on {saved.get('num_processes')} process(es), or give the "
+            "batch sampler a fixed `batch_size`."
+        )
+    if samples % size:
         raise ValueError(
             f"This dataloader state was saved after {samples} samples of the epoch on "
             f"{saved.get('num_processes')} process(es); this loader's batches of {size} samples "
@@ -171,3 +189,32 @@ def adopt_generators(loader: Any, names: list[str]) -> None:
     generator = torch.Generator()
     sampler.generator = generator
     loader.synchronized_generator = generator
+
+
+def order_from_global_rng(state: dict[str, Any]) -> bool:
+    """Whether a mid-epoch position's order was drawn from torch's global generator: it says so, or
+    (a position saved before it said so) it names no sampler generator but the global state."""
+    if "torch_rng_state" not in state:
+        return False
+    names = set(state.get("generator_names") or ())
+    return bool(state.get(GLOBAL_ORDER_KEY)) or not names & {"synchronized", "sampler"}
+
+
+def draw_from_global_rng(loader: Any) -> Callable[[], None]:
+    """Set aside the sampler's own generator, so that the epoch's order is drawn from torch's global
+    generator as the loader that saved the position drew it (on one process); returns the function
+    that puts it back once the order is drawn (a random sampler draws it when it starts)."""
+    sampler = get_sampler(loader)
+    if sampler is None or not hasattr(sampler, "generator") or draws_from_global_rng(sampler):
+        return _nothing
+    own = sampler.generator
+    sampler.generator = None
+
+    def put_back() -> None:
+        sampler.generator = own
+
+    return put_back
+
+
+def _nothing() -> None:
+    return None

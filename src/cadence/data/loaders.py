@@ -17,7 +17,7 @@ from ..diagnostics.stop_notice import notice as stop_notice
 from ..runtime.random import synchronize_rng_states
 from ..runtime.state import GradientState
 from .device_prefetch import batch_transfer, pin_memory_kwargs
-from .elastic import SourceResumeSkip
+from .elastic import SourceResumeSkip, draw_from_global_rng, order_from_global_rng
 from .position import (
     LoaderPosition,
     load_position,
@@ -303,6 +303,11 @@ class DataLoaderAdapter(DataLoader):
                 self._iterator = None  # a kept iterator would not see the skipping index sampler
         if early is None or not getattr(self, "_initial_iter_for_state_dict", False):
             early = None  # the iterator state_dict() made is not the one this epoch reads
+        put_back = None
+        if resume is not None and order_from_global_rng(resume):
+            # Saved where the sampler shuffled with the global generator (one process): this
+            # epoch's order is drawn from it again, whatever generator this loader shuffles with.
+            put_back = draw_from_global_rng(self)
         snapshot = early if early is not None else take_snapshot(self, with_global=True)
         resuming = None
         if index_skip:
@@ -321,6 +326,8 @@ class DataLoaderAdapter(DataLoader):
             first = next(iterator, _EXHAUSTED) if fetch_first else _EXHAUSTED
         finally:
             self._resuming_index_sampler = None
+            if put_back is not None:
+                put_back()
             if loaded_global is not None:
                 torch.set_rng_state(loaded_global)
         return iterator, first, snapshot
@@ -419,6 +426,10 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         )
         source_skip = int(resume.get("source_skip", 0)) if resume is not None else 0
         position.start_epoch(snapshot, own_skip + resume_skip, source_skip)
+        if source_skip and self.remainder >= 0:
+            # Resumed on another number of processes: the last global batch holds what is left
+            # after the samples trained before the save (the rest of it is padding).
+            self.remainder = self._samples_left_after(source_skip) % self.total_batch_size
         # An epoch resumed after its last batch has nothing left but still ends.
         had_batches = current is not _EXHAUSTED or resume_skip > 0 or source_skip > 0
         while discard and current is not _EXHAUSTED:
@@ -505,6 +516,12 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             return self._samples_per_epoch() % self.total_batch_size
         except Exception:  # noqa: BLE001 - no length or no batch size: unknown
             return -1
+
+    def _samples_left_after(self, source_batches: int) -> int:
+        batch_sampler = (
+            self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        )
+        return max(self._samples_per_epoch() - source_batches * batch_sampler.batch_size, 0)
 
     def _samples_per_epoch(self) -> int:
         sampler = get_sampler(self)

@@ -13,8 +13,15 @@ from typing import Any
 
 import torch
 
-from .elastic import GLOBAL_KEY, adopt_generators, global_record, needs_global_resume, resharded
-from .samplers import get_sampler
+from .elastic import (
+    GLOBAL_KEY,
+    GLOBAL_ORDER_KEY,
+    adopt_generators,
+    global_record,
+    needs_global_resume,
+    resharded,
+)
+from .samplers import draws_from_global_rng, get_sampler
 from .stateful_layout import TORCHDATA_SKIPS, from_torchdata_layout, is_torchdata_layout
 
 STATE_VERSION = 1
@@ -106,6 +113,8 @@ def take_snapshot(loader: Any, with_global: bool) -> dict[str, Any]:
     }
     if with_global:
         snapshot["torch_rng_state"] = torch.get_rng_state()
+        # The epoch's order comes from that global state, not from a generator above.
+        snapshot[GLOBAL_ORDER_KEY] = draws_from_global_rng(_safe(get_sampler, loader))
     return snapshot
 
 
@@ -147,6 +156,8 @@ def position_state_dict(loader: Any, position: LoaderPosition) -> dict[str, Any]
     )
     if position.in_epoch and "torch_rng_state" in snapshot:
         state["torch_rng_state"] = snapshot["torch_rng_state"].clone()
+        if snapshot.get(GLOBAL_ORDER_KEY):
+            state[GLOBAL_ORDER_KEY] = True
     return state
 
 

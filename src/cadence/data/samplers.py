@@ -108,6 +108,12 @@ def get_sampler(dataloader: Any) -> Any:
     return None
 
 
+def draws_from_global_rng(sampler: Any) -> bool:
+    """Whether `sampler` shuffles with torch's global generator: a random sampler without a
+    generator of its own (a RandomSampler on one process, where preparation gives it none)."""
+    return sampler is not None and hasattr(sampler, "generator") and sampler.generator is None
+
+
 def _nothing() -> None:
     return None
 
