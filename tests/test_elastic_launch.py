@@ -5,6 +5,9 @@ trained exactly once: the job checkpoints at the step boundary every rank agreed
 the new world size from there. A node killed outright (SIGKILL to its launcher and workers) costs
 exactly the steps after the last checkpoint: the survivor resumes alone from it, redoes those steps'
 samples and nothing else, and ends with the weights of that history replayed from first principles.
+Notice and death run in both start orders (issue 32, case 3: the node that does not host the
+rendezvous store, told `is_host=0`, started first too); every run trains from the default shuffled
+DataLoader, the notice runs from a sequential one beside it, the join from each in turn.
 """
 
 from __future__ import annotations

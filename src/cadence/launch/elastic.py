@@ -200,11 +200,11 @@ def store_role(plan: Any, user_conf: Mapping[str, str], conf: Mapping[str, str])
     if "is_host" in user_conf:
         text = user_conf["is_host"]
         if not parse_rdzv_bool("is_host", text):
-            return StoreRole(None, False, f"another node hosts it (is_host={text} in --rdzv_conf)")
+            return StoreRole(None, False, f"another node hosts it: is_host={text} in --rdzv_conf")
         return StoreRole(
             ip,
             True,
-            f"this node hosts it (is_host={text} in --rdzv_conf)",
+            f"this node hosts it: is_host={text} in --rdzv_conf",
             "only one node hosts the store: start the other nodes' launchers with is_host=0, "
             "or pick a free port in --rdzv_endpoint",
         )
