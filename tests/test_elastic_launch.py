@@ -107,7 +107,20 @@ def test_a_stop_notice_to_one_node_checkpoints_and_the_other_goes_on_alone(
 
 # The joining node can only be the one that does not host the rendezvous store (the host must be up
 # for anyone to train), so this test has one start order.
-@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize(
+    "loader",
+    [
+        pytest.param(
+            "shuffled",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="issue 32 item 1: fixed on branch i32a (a shuffled position saved on one "
+                "process resumes on two with repeated and skipped samples)",
+            ),
+        ),
+        "sequential",
+    ],
+)
 def test_a_node_joining_mid_run_continues_at_the_larger_size_without_redoing_a_step(
     tmp_path, loader
 ):
