@@ -122,3 +122,26 @@ def test_a_launcher_told_to_host_finds_the_port_taken_and_says_so_in_one_line(tm
     assert "another launcher already holds that port" in line, line
     assert "start the other nodes' launchers with is_host=0" in line, line
     assert not (tmp_path / "ran").exists()  # no worker started
+
+
+@pytest.mark.parametrize(
+    "argv, address, must_host, reason",
+    [
+        (["--num_processes", "2"], "127.0.0.1", True, "one machine"),
+        (["--num_machines", "2", "--num_processes", "2", "--machine_rank", "0",
+          "--main_process_ip", "127.0.0.1"], "127.0.0.1", True, "machine rank 0 hosts it"),
+        (["--num_machines", "2", "--num_processes", "2", "--machine_rank", "1",
+          "--main_process_ip", "127.0.0.1"], None, False, "machine rank 0 hosts it"),
+        (["--num_machines", "2", "--num_processes", "2", "--rdzv_backend", "c10d",
+          "--main_process_ip", "127.0.0.1"], "127.0.0.1", True, "endpoint's address"),
+    ],
+    ids=["one-machine", "static-rank-0", "static-rank-1", "c10d-routed"],
+)  # fmt: skip
+def test_without_is_host_the_launcher_that_must_host_the_store_is_decided_as_before(
+    workdir, argv, address, must_host, reason
+):
+    store = plan_for(["--cpu", *argv, "train.py"]).store
+    assert (store.address, store.must_host) == (address, must_host), store
+    assert reason in store.reason
+    if must_host:
+        assert store.remedy  # what to do when the port is taken
