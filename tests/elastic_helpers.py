@@ -47,7 +47,8 @@ TRAIN_SCRIPT = textwrap.dedent(
             and not os.path.isdir(os.path.join(project, "checkpoints"))):
         # The first round formed before the other node's launcher was up: wait (bounded) for the
         # restart that its joining brings, so that the job starts at world size 2.
-        time.sleep(120)
+        print("alone in the first round: waiting for the other node", flush=True)
+        time.sleep(240)
         sys.exit("the other node never joined")
 
     class Progress:
@@ -162,7 +163,7 @@ def start_two_nodes(
     if order == "host-first":
         # Without is_host the first launcher on the port hosts the store: b starts once a listens.
         first = start_node(tmp_path, port, "a", script, **env)
-        if not wait_until(lambda: port_open(port) or first.poll() is not None, limit=60):
+        if not wait_until(lambda: port_open(port) or first.poll() is not None, limit=120):
             stop_all(first)
             raise AssertionError("node a's rendezvous store never listened")
         return first, start_node(tmp_path, port, "b", script, own_session=own_session, **env)
@@ -174,7 +175,7 @@ def start_two_nodes(
     # b's banner: its launcher has its plan and goes to the rendezvous (a launcher that wrongly
     # hosted the store would bind the port right after it).
     banner = lambda: "cadence launch:" in (tmp_path / "b.out").read_text()  # noqa: E731
-    if not wait_until(lambda: banner() or second.poll() is not None, limit=60) or not banner():
+    if not wait_until(lambda: banner() or second.poll() is not None, limit=120) or not banner():
         stop_all(second)
         raise AssertionError(
             "node b's launcher never started:\n" + (tmp_path / "b.out").read_text()
