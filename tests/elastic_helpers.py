@@ -153,23 +153,29 @@ def start_two_nodes(
     script: Path,
     order: str = "host-first",
     own_session: bool = False,
+    rdzv_conf: str = "",
     **env: str,
 ) -> tuple[subprocess.Popen, subprocess.Popen]:
     """Nodes a (hosts the rendezvous store) and b on one free port, in the start `order` (see
-    START_ORDERS); returns (a, b). `own_session`: b's, for `kill_node`."""
+    START_ORDERS); returns (a, b). `own_session`: b's, for `kill_node`. `rdzv_conf`: more
+    `--rdzv_conf` items for both."""
     from harness import free_port
 
     port = free_port()
+    conf = lambda *items: ["--rdzv_conf", ",".join(filter(None, (*items, rdzv_conf)))]  # noqa: E731
     if order == "host-first":
         # Without is_host the first launcher on the port hosts the store: b starts once a listens.
-        first = start_node(tmp_path, port, "a", script, **env)
+        flags = conf() if rdzv_conf else []
+        first = start_node(tmp_path, port, "a", script, *flags, **env)
         if not wait_until(lambda: port_open(port) or first.poll() is not None, limit=120):
             stop_all(first)
             raise AssertionError("node a's rendezvous store never listened")
-        return first, start_node(tmp_path, port, "b", script, own_session=own_session, **env)
+        return first, start_node(
+            tmp_path, port, "b", script, *flags, own_session=own_session, **env
+        )
     assert order == "non-host-first", order
     second = start_node(
-        tmp_path, port, "b", script, "--rdzv_conf", "is_host=0", own_session=own_session,
+        tmp_path, port, "b", script, *conf("is_host=0"), own_session=own_session,
         quiet=False, **env,
     )  # fmt: skip
     # b's banner: its launcher has its plan and goes to the rendezvous (a launcher that wrongly
@@ -180,7 +186,7 @@ def start_two_nodes(
         raise AssertionError(
             "node b's launcher never started:\n" + (tmp_path / "b.out").read_text()
         )
-    return start_node(tmp_path, port, "a", script, "--rdzv_conf", "is_host=1", **env), second
+    return start_node(tmp_path, port, "a", script, *conf("is_host=1"), **env), second
 
 
 def _descendants(pid: int) -> list[int]:
