@@ -1,9 +1,13 @@
 """Helpers of the elastic launch tests: two `cadence launch` processes on 127.0.0.1 as two "nodes".
 
-The training script logs, after each step, the samples the whole job trained in it (gathered), so a
-test can check that every sample of every epoch was trained exactly once across restarts. It resumes
-with a model-only + progress-counter checkpoint flow (the samples of the epoch not yet trained are
-re-sharded by the script itself), so it does not depend on the loader's own resumable position.
+The training script logs, after each step, the samples the whole job trained in it (gathered) from
+each of its loaders, so a test can check that every sample of every epoch was trained exactly once
+across restarts. It resumes with `load_state`: the prepared loaders' own positions continue the epoch
+at the new world size.
+
+Start orders: "host-first" starts the node that hosts the rendezvous store first, without `is_host`
+(the local nodes' rule: the first launcher on the port hosts it); "non-host-first" starts the other
+node first, told `is_host=0`, and the host after it, told `is_host=1` (issue 32, case 3).
 """
 
 from __future__ import annotations
@@ -20,16 +24,32 @@ from pathlib import Path
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 JOB_TOKEN = "5f0c1d2e3a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d"
 
+# The loaders a job trains from, side by side (one launch checks both): the default shuffled
+# DataLoader (RandomSampler) and a sequential one.
+LOADERS = ("shuffled", "sequential")
+
 TRAIN_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
     import torch
+    torch.set_num_threads(1)
     from cadence import Accelerator
     from cadence.utils import ProjectConfiguration
 
-    project, epochs, n = sys.argv[1], 2, 48
+    project, epochs, n = sys.argv[1], 2, int(os.environ.get("SAMPLES", "32"))
+    loaders = os.environ.get("LOADERS", "shuffled,sequential").split(",")
     os.makedirs(project, exist_ok=True)
+    # Seconds each step sleeps: at world size 2, and alone (so that a join or a notice lands mid-run
+    # while the rest of the run goes fast).
     step_sleep = float(os.environ.get("STEP_SLEEP", "0.3"))
+    alone_sleep = float(os.environ.get("STEP_SLEEP_ALONE", str(step_sleep)))
+    if (os.environ.get("START_TOGETHER") and os.environ["WORLD_SIZE"] == "1"
+            and not os.path.isdir(os.path.join(project, "checkpoints"))):
+        # The first round formed before the other node's launcher was up: wait (bounded) for the
+        # restart that its joining brings, so that the job starts at world size 2.
+        print("alone in the first round: waiting for the other node", flush=True)
+        time.sleep(240)
+        sys.exit("the other node never joined")
 
     class Progress:
         def __init__(self):
@@ -44,7 +64,12 @@ TRAIN_SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, opt = acc.prepare(model, opt)
+    # A global batch of 4 samples per step whatever the world size (4 // world per rank); the
+    # loaders' own positions (in samples of the epoch) resume the epoch on any world size.
+    per_rank = 4 // acc.num_processes
+    built = [torch.utils.data.DataLoader(list(range(n)), batch_size=per_rank,
+                                         shuffle=name == "shuffled") for name in loaders]
+    model, opt, *prepared = acc.prepare(model, opt, *built)
     progress = Progress()
     acc.register_for_checkpointing(progress)
     if os.path.isdir(os.path.join(project, "checkpoints")):
@@ -54,24 +79,20 @@ TRAIN_SCRIPT = textwrap.dedent(
                   f"world size {acc.num_processes}", flush=True)
     log = open(os.path.join(project, f"log-{acc.process_index}-{os.getpid()}.jsonl"), "a")
     while progress.epoch < epochs:
-        remaining = list(range(progress.done, n))
-        # A global batch of 4 samples per step whatever the world size (4 // world per rank).
-        loader = acc.prepare_data_loader(
-            torch.utils.data.DataLoader(remaining, batch_size=4 // acc.num_processes)
-        )
-        for mine in loader:
-            trained = acc.gather(mine.clone()).tolist()
-            loss = model(mine.float().unsqueeze(1)).pow(2).mean()
+        for batches in zip(*prepared):
+            trained = {name: acc.gather(b.clone()).tolist() for name, b in zip(loaders, batches)}
+            x = torch.cat(batches).float().unsqueeze(1)
+            loss = model(x).pow(2).mean()
             acc.backward(loss)
             opt.step()
             opt.zero_grad()
-            progress.done += len(trained)
+            progress.done += len(trained[loaders[0]])
             if acc.is_main_process:
                 record = {"epoch": progress.epoch, "samples": trained, "world": acc.num_processes,
                           "time": time.time()}
                 log.write(json.dumps(record) + "\\n")
                 log.flush()
-            time.sleep(step_sleep)
+            time.sleep(step_sleep if acc.num_processes > 1 else alone_sleep)
         progress.epoch += 1
         progress.done = 0
     acc.save_state()  # the finished state: a restart after the end has nothing left to do
@@ -101,16 +122,18 @@ def start_node(
     script: Path,
     *flags: str,
     own_session: bool = False,
+    quiet: bool = True,
     **env: str,
 ) -> subprocess.Popen:
     """One "node": `cadence launch --nnodes 1:2 ...` on 127.0.0.1:`port`, output in `name`.out.
 
-    `own_session`: the launcher leads its own process group, so `kill_node` can end it whole."""
+    `own_session`: the launcher leads its own process group, so `kill_node` can end it whole.
+    `quiet=False`: the launcher prints its banner (the sign that it is about to meet the rendezvous)."""
     out = open(tmp_path / f"{name}.out", "w")  # noqa: SIM115 - closed with the process
     command = [
-        *CADENCE, "launch", "--cpu", "--quiet", "--nnodes", "1:2", "--nproc_per_node", "1",
-        "--max_restarts", "3", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-        *flags, str(script), str(tmp_path / "project"),
+        *CADENCE, "launch", "--cpu", *(["--quiet"] if quiet else []), "--nnodes", "1:2",
+        "--nproc_per_node", "1", "--max_restarts", "3", "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", f"127.0.0.1:{port}", *flags, str(script), str(tmp_path / "project"),
     ]  # fmt: skip
     return subprocess.Popen(
         command,
@@ -122,19 +145,48 @@ def start_node(
     )
 
 
+START_ORDERS = ("host-first", "non-host-first")
+
+
 def start_two_nodes(
-    tmp_path: Path, script: Path, own_session: bool = False
+    tmp_path: Path,
+    script: Path,
+    order: str = "host-first",
+    own_session: bool = False,
+    rdzv_conf: str = "",
+    **env: str,
 ) -> tuple[subprocess.Popen, subprocess.Popen]:
-    """Nodes a and b on one free port. Node a hosts the rendezvous store (the endpoint host must
-    outlive the job), so b starts once it listens. `own_session`: b's, for `kill_node`."""
+    """Nodes a (hosts the rendezvous store) and b on one free port, in the start `order` (see
+    START_ORDERS); returns (a, b). `own_session`: b's, for `kill_node`. `rdzv_conf`: more
+    `--rdzv_conf` items for both."""
     from harness import free_port
 
     port = free_port()
-    first = start_node(tmp_path, port, "a", script)
-    if not wait_until(lambda: port_open(port) or first.poll() is not None, limit=60):
-        stop_all(first)
-        raise AssertionError("node a's rendezvous store never listened")
-    return first, start_node(tmp_path, port, "b", script, own_session=own_session)
+    conf = lambda *items: ["--rdzv_conf", ",".join(filter(None, (*items, rdzv_conf)))]  # noqa: E731
+    if order == "host-first":
+        # Without is_host the first launcher on the port hosts the store: b starts once a listens.
+        flags = conf() if rdzv_conf else []
+        first = start_node(tmp_path, port, "a", script, *flags, **env)
+        if not wait_until(lambda: port_open(port) or first.poll() is not None, limit=120):
+            stop_all(first)
+            raise AssertionError("node a's rendezvous store never listened")
+        return first, start_node(
+            tmp_path, port, "b", script, *flags, own_session=own_session, **env
+        )
+    assert order == "non-host-first", order
+    second = start_node(
+        tmp_path, port, "b", script, *conf("is_host=0"), own_session=own_session,
+        quiet=False, **env,
+    )  # fmt: skip
+    # b's banner: its launcher has its plan and goes to the rendezvous (a launcher that wrongly
+    # hosted the store would bind the port right after it).
+    banner = lambda: "cadence launch:" in (tmp_path / "b.out").read_text()  # noqa: E731
+    if not wait_until(lambda: banner() or second.poll() is not None, limit=120) or not banner():
+        stop_all(second)
+        raise AssertionError(
+            "node b's launcher never started:\n" + (tmp_path / "b.out").read_text()
+        )
+    return start_node(tmp_path, port, "a", script, *conf("is_host=1"), **env), second
 
 
 def _descendants(pid: int) -> list[int]:
@@ -184,11 +236,12 @@ def steps(tmp_path: Path) -> list[dict]:
     return sorted(records, key=lambda r: r["time"])
 
 
-def sample_counts(records: list[dict]) -> collections.Counter:
-    """How many times each (epoch, sample) was trained."""
+def sample_counts(records: list[dict], loader: str | None = None) -> collections.Counter:
+    """How many times each (epoch, sample) was trained (from `loader`, for TRAIN_SCRIPT's records)."""
     counts: collections.Counter = collections.Counter()
     for record in records:
-        counts.update((record["epoch"], sample) for sample in record["samples"])
+        samples = record["samples"] if loader is None else record["samples"][loader]
+        counts.update((record["epoch"], sample) for sample in samples)
     return counts
 
 

@@ -41,6 +41,11 @@ def format_banner(plan: LaunchPlan) -> str:
             plan.settings["num_cpu_threads_per_process"].source,
         ),
     ]
+    if plan.num_machines > 1 and plan.store is not None:
+        where = plan.store.address
+        rows.append(
+            ("rendezvous store", f"here on {where}" if where else "elsewhere", plan.store.reason)
+        )
     if plan.distributed_type in ("FSDP", "DEEPSPEED"):
         rows.append(
             (
@@ -74,9 +79,18 @@ def format_dry_run(plan: LaunchPlan) -> str:
         lines.append("  CADENCE_JOB_TOKEN=<secret, not shown>")
     lines += ["", "worker command:", f"  {shlex.join(plan.worker_argv())}", ""]
     if plan.multi_process:
+        hosts = plan.store is not None and plan.store.address is not None
+        store = (
+            f"which hosts the rendezvous store on {plan.store.address} only"
+            if hosts
+            else f"which does not host the rendezvous store: {plan.store.reason}"
+            if plan.store is not None
+            else "which does not host the rendezvous store"
+        )
+        if hosts and not plan.store.must_host:
+            store += ", unless another local node's launcher hosts it first"
         lines.append(
-            "started by torch elastic (in the launcher process, which hosts the rendezvous store on "
-            "the main address only), as this command would:"
+            f"started by torch elastic (in the launcher process, {store}), as this command would:"
         )
         lines.append(
             f"  {shlex.join([sys.executable, '-m', 'torch.distributed.run', *plan.torchrun_args])}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..runtime import hardware
@@ -136,8 +137,114 @@ def rendezvous_conf(user_conf: Mapping[str, str], elastic: bool) -> dict[str, st
     return {**ELASTIC_RDZV_DEFAULTS, **user_conf}
 
 
-def torchrun_args(plan: Any, rdzv_conf: dict[str, str]) -> list[str]:
-    """The exact `torch.distributed.run` arguments of `plan` (its flags after resolution)."""
+# torch's c10d rendezvous reads a boolean option with these spellings (any case), and refuses others.
+TRUE_SPELLINGS = ("1", "true", "t", "yes", "y")
+FALSE_SPELLINGS = ("0", "false", "f", "no", "n")
+
+
+def parse_rdzv_bool(key: str, text: str) -> bool:
+    """`--rdzv_conf key=text` as torch's c10d rendezvous reads a boolean; raises LaunchPlanError."""
+    if text.strip().lower() in TRUE_SPELLINGS:
+        return True
+    if text.strip().lower() in FALSE_SPELLINGS:
+        return False
+    raise LaunchPlanError(
+        f"--rdzv_conf {key}={text!r} is not a boolean: pass {key}=1 (this node hosts the "
+        f"rendezvous store) or {key}=0 (another node hosts it); torch also accepts "
+        f"{'/'.join(TRUE_SPELLINGS[1:])} and {'/'.join(FALSE_SPELLINGS[1:])}"
+    )
+
+
+@dataclass(frozen=True)
+class StoreRole:
+    """Whether this launcher hosts the job's rendezvous store, where, and why.
+
+    `address` None: another launcher hosts it and this one connects. `must_host`: this launcher
+    alone may host it (a port already taken is an error, not a cue to connect); False only for the
+    local nodes' rule, where the first launcher on the port hosts and the others connect.
+    """
+
+    address: str | None
+    must_host: bool
+    reason: str
+    remedy: str = ""
+
+
+def store_role(plan: Any, user_conf: Mapping[str, str], conf: Mapping[str, str]) -> StoreRole:
+    """Who hosts the rendezvous store of `plan`: `user_conf` is the user's `--rdzv_conf`, `conf` the
+    one handed to torch (`rendezvous_conf_for`).
+
+    An explicit `is_host` always wins (as in torch's c10d rendezvous); without one, several local
+    elastic nodes on a loopback endpoint share the rule "the first launcher on the port hosts it".
+    """
+    ip, backend = plan.value("main_process_ip"), plan.value("rdzv_backend")
+    if plan.num_machines == 1:
+        return StoreRole(
+            "127.0.0.1",
+            True,
+            "one machine: this launcher hosts it",
+            "pass another --main_process_port, or 0 for a free one",
+        )
+    if backend == "static":
+        if plan.value("machine_rank") != 0:
+            return StoreRole(None, False, "machine rank 0 hosts it")
+        return StoreRole(
+            ip,
+            True,
+            "machine rank 0 hosts it",
+            "give the other machines' launchers their own --machine_rank, or pick a free "
+            "--main_process_port",
+        )
+    if backend != "c10d":
+        return StoreRole(None, False, f"the {backend} rendezvous backend keeps its own store")
+    if "is_host" in user_conf:
+        text = user_conf["is_host"]
+        if not parse_rdzv_bool("is_host", text):
+            return StoreRole(None, False, f"another node hosts it: is_host={text} in --rdzv_conf")
+        return StoreRole(
+            ip,
+            True,
+            f"this node hosts it: is_host={text} in --rdzv_conf",
+            "only one node hosts the store: start the other nodes' launchers with is_host=0, "
+            "or pick a free port in --rdzv_endpoint",
+        )
+    if "is_host" in conf:  # decided by routing (rendezvous_conf_for)
+        if conf["is_host"] != "1":
+            return StoreRole(None, False, "another machine has the endpoint's address")
+        return StoreRole(
+            ip,
+            True,
+            "this machine has the endpoint's address",
+            "pick a free port in --rdzv_endpoint, or pass is_host=0 in --rdzv_conf to the "
+            "launchers that must not host it",
+        )
+    if plan.elastic and is_loopback(ip):
+        return StoreRole("127.0.0.1", False, "local nodes: the first launcher on the port hosts it")
+    return StoreRole(None, False, "torch decides from the endpoint's host name")
+
+
+def rendezvous_conf_for(plan: Any, user_conf: Mapping[str, str]) -> dict[str, str]:
+    """The `--rdzv_conf` handed to torch: Cadence's elastic defaults under the user's values, and
+    `is_host` decided by routing when several machines do not say who hosts the store."""
+    conf = rendezvous_conf(user_conf, plan.min_nodes != plan.num_machines)
+    if plan.value("rdzv_backend") == "static" or plan.num_machines <= 1 or "is_host" in conf:
+        return conf
+    ip, port = plan.value("main_process_ip"), plan.value("main_process_port")
+    # Several local elastic "nodes" on one machine: every launcher would claim the store by
+    # routing; leaving is_host unset lets the first launcher on the port host it (store_role).
+    if plan.min_nodes != plan.num_machines and is_loopback(ip):
+        return conf
+    local = hardware.local_address_towards(ip, port)
+    # Decide who hosts the rendezvous store by routing, not by hostname (which may resolve to
+    # 127.0.0.1 on every machine inside containers or network namespaces).
+    if local is not None:
+        conf["is_host"] = "1" if local == ip else "0"
+    return conf
+
+
+def torchrun_args(plan: Any, conf: Mapping[str, str]) -> list[str]:
+    """The exact `torch.distributed.run` arguments of `plan` (its flags after resolution); `conf` is
+    the rendezvous configuration from `rendezvous_conf_for`."""
     value = plan.value
     ip, port = value("main_process_ip"), value("main_process_port")
     nodes = (
@@ -154,21 +261,11 @@ def torchrun_args(plan: Any, rdzv_conf: dict[str, str]) -> list[str]:
         "--role", value("role"),
         "--tee", str(value("tee")),
     ]  # fmt: skip
-    conf = rendezvous_conf(rdzv_conf, plan.min_nodes != plan.num_machines)
     if value("rdzv_backend") == "static":
         args += ["--node_rank", str(value("machine_rank")), "--master_addr", ip]
         args += ["--master_port", str(port)]
     else:
         args += ["--rdzv_endpoint", f"{ip}:{port}", "--rdzv_id", "none"]
-        # Several local elastic "nodes" on one machine: every launcher would claim the store by
-        # routing; leaving is_host unset lets torch host it in the first launcher only.
-        local_nodes = plan.min_nodes != plan.num_machines and is_loopback(ip)
-        if plan.num_machines > 1 and "is_host" not in conf and not local_nodes:
-            local = hardware.local_address_towards(ip, port)
-            # Decide who hosts the rendezvous store by routing, not by hostname (which may resolve to
-            # 127.0.0.1 on every machine inside containers or network namespaces).
-            if local is not None:
-                conf["is_host"] = "1" if local == ip else "0"
     if plan.num_machines > 1:
         local = hardware.local_address_towards(ip, port)
         if local is not None:

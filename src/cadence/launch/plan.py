@@ -36,8 +36,12 @@ from .args import (
     RDZV_BACKENDS,
 )
 from .elastic import (
+    StoreRole,
     apply_node_range,
     apply_rdzv_endpoint,
+    parse_rdzv_bool,
+    rendezvous_conf_for,
+    store_role,
     torchrun_args,
 )
 from .settings import (
@@ -84,6 +88,7 @@ class LaunchPlan:
     worker_env: dict[str, str] = field(default_factory=dict)
     torchrun_args: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    store: StoreRole | None = None  # who hosts the rendezvous store (several processes)
 
     @property
     def config_file(self) -> str | None:
@@ -224,7 +229,9 @@ class _Planner:
         )
         plan.record = launch_record(plan)
         plan.worker_env = worker_environment(plan, self.gpu_ids, self.env)
-        plan.torchrun_args = torchrun_args(plan, self.rdzv_conf)
+        conf = rendezvous_conf_for(plan, self.rdzv_conf)
+        plan.torchrun_args = torchrun_args(plan, conf)
+        plan.store = store_role(plan, self.rdzv_conf, conf)
         return plan
 
     def choose_paradigm(self) -> None:
@@ -322,6 +329,8 @@ class _Planner:
         self.check_choice("rdzv_backend", RDZV_BACKENDS)
         try:
             self.rdzv_conf = _parse_rdzv_conf(self.value("rdzv_conf"))
+            if "is_host" in self.rdzv_conf:  # torch would refuse it only once the launch started
+                parse_rdzv_bool("is_host", self.rdzv_conf["is_host"])
         except LaunchPlanError as err:
             self.errors.append(str(err))
             self.rdzv_conf = {}

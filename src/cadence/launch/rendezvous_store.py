@@ -10,6 +10,7 @@ store, and the workers' connections to it, go through the socket bound here.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 from collections.abc import Iterator
@@ -44,15 +45,25 @@ def bound_listener(address: str, port: int) -> socket.socket:
     return sock
 
 
+class StorePortTakenError(OSError):
+    """The store's port is taken on its address while this launcher must host the store."""
+
+    def __init__(self, address: str, port: int):
+        super().__init__(errno.EADDRINUSE, f"{address}:{port} is already in use")
+        self.address, self.port = address, port
+
+
 @contextmanager
 def store_bound_to(
-    host: str, port: int, other_machines: bool = False
+    host: str, port: int, other_machines: bool = False, must_host: bool = False
 ) -> Iterator[tuple[Any, str | None]]:
     """Within this block, a TCPStore server for `port` runs in this process on `host`'s address only.
 
     Yields (the store, None), or (None, why not) when the address is not one of this machine's (a
     NAT-ed main address), or is a loopback address other machines must reach (a host name that resolves
-    to 127.0.1.1 here): torch then hosts the store as it would without Cadence.
+    to 127.0.1.1 here): torch then hosts the store as it would without Cadence. With `must_host`, a
+    port something else already listens on raises StorePortTakenError (torch could not host it
+    either); without, it yields (None, why not) and this launcher connects to that store.
     """
     from torch.distributed import TCPStore
 
@@ -66,6 +77,8 @@ def store_bound_to(
     try:
         listener = bound_listener(address, port)
     except OSError as error:
+        if must_host and error.errno == errno.EADDRINUSE:
+            raise StorePortTakenError(address, port) from None
         yield None, f"cannot listen on {address}:{port} ({error.strerror or error})"
         return
     # The store owns the socket from here (detach: Python must never close it under the server).

@@ -109,46 +109,35 @@ def _quiet_torch_elastic(debug: bool) -> None:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
 
 
-def _store_host(plan: LaunchPlan) -> str | None:
-    """The address this launcher's store listens on, when this machine hosts it (else None)."""
-    if plan.num_machines == 1:
-        return "127.0.0.1"
-    backend = plan.value("rdzv_backend")
-    if backend == "static" and plan.value("machine_rank") == 0:
-        return plan.value("main_process_ip")
-    if backend == "c10d" and _rdzv_conf(plan).get("is_host") in ("1", "true", "True"):
-        return plan.value("main_process_ip")
-    if backend == "c10d" and plan.elastic and is_loopback(plan.value("main_process_ip")):
-        return "127.0.0.1"  # local nodes: the first launcher hosts it, the others connect
-    return None
-
-
-def _rdzv_conf(plan: LaunchPlan) -> dict[str, str]:
-    args = plan.torchrun_args
-    if "--rdzv_conf" not in args:
-        return {}
-    text = args[args.index("--rdzv_conf") + 1]
-    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
-
-
 def _run_elastic(plan: LaunchPlan) -> int:
     os.environ.update(plan.worker_env)
     os.environ.update(job_token_environment(plan))
-    host = _store_host(plan)
-    if host is None:
+    role = plan.store
+    if role is None or role.address is None:  # another launcher hosts the store: connect to it
         return _run_elastic_agent(plan)
-    from .rendezvous_store import store_bound_to  # deferred: imports torch.distributed
+    from .rendezvous_store import (  # deferred: imports torch.distributed
+        StorePortTakenError,
+        store_bound_to,
+    )
 
-    port, other_machines = plan.value("main_process_port"), plan.num_machines > 1
-    local_nodes = plan.elastic and is_loopback(host)  # several local elastic "nodes"
-    with store_bound_to(host, port, other_machines and not local_nodes) as (store, why_not):
-        # A second local node finds the port taken by the first: it connects as a client.
-        if store is None and not plan.value("quiet") and not local_nodes:
-            _say(
-                f"cadence launch: the rendezvous store listens on every interface: {why_not} "
-                "(see README, 'The rendezvous store')"
-            )
-        return _run_elastic_agent(plan)
+    port = plan.value("main_process_port")
+    # A loopback endpoint: every node is on this machine, so the store listens there only.
+    other_machines = plan.num_machines > 1 and not is_loopback(role.address)
+    try:
+        with store_bound_to(role.address, port, other_machines, role.must_host) as (store, why):
+            # Without must_host (local nodes), a port taken by the first launcher: connect to it.
+            if store is None and not plan.value("quiet") and role.must_host:
+                _say(
+                    f"cadence launch: the rendezvous store listens on every interface: {why} "
+                    "(see README, 'The rendezvous store')"
+                )
+            return _run_elastic_agent(plan)
+    except StorePortTakenError as taken:
+        _say(
+            f"cadence launch: cannot host the rendezvous store on {taken.address}:{taken.port} "
+            f"({role.reason}): another launcher already holds that port; {role.remedy}"
+        )
+        return 1
 
 
 def _run_elastic_agent(plan: LaunchPlan) -> int:
