@@ -71,16 +71,18 @@ import torch
 WIDTH = 2048
 
 
-def build_state(million_params: int):
-    """A model of about `million_params` million parameters and AdamW state after one step."""
+def build_state(million_params: int, step: bool = True):
+    """A model of about `million_params` million parameters and AdamW state after one step (no
+    state at all without `step`: a resume's freshly built optimizer)."""
     torch.manual_seed(0)
     layers = max(1, round(million_params * 1e6 / (WIDTH * WIDTH + WIDTH)))
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    if step:
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     return model, optimizer
 
 
@@ -196,6 +198,111 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
+def drop_from_cache(folder: Path) -> None:
+    """Drop every file of `folder` from the page cache (written back first), as on a node that
+    never read them."""
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def fresh_load(variant: str, params: int, folder: Path, cold: bool, step: bool) -> None:
+    """One resume in this (new) process: build the model and optimizer, then time one load of
+    `variant` ('raw' or 'cadence'); print one JSON line."""
+    import resource
+
+    model, optimizer = build_state(params, step=step)
+    if variant == "raw":
+        source = folder / "plain"
+        load = lambda: raw_load(model, optimizer, source)  # noqa: E731
+    else:
+        module = __import__("cadence")
+        accelerator = module.Accelerator(cpu=True)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        source = folder / "ckpt"
+        load = lambda: accelerator.load_state(source)  # noqa: E731
+    if cold:
+        drop_from_cache(source)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    seconds = timed(load)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    faults = after.ru_minflt - before.ru_minflt
+    load_average = float(open("/proc/loadavg").read().split()[0])
+    print(json.dumps({"wall": seconds, "cpu": cpu, "faults": faults, "loadavg": load_average}))
+
+
+def save_both(params: int, folder: Path) -> None:
+    """The state saved once by Cadence (ckpt/) and by torch.save (plain/) for fresh_load."""
+    import cadence
+
+    model, optimizer = build_state(params)
+    accelerator = cadence.Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.save_state(folder / "ckpt")
+    torch_save(model, optimizer, folder / "plain")
+
+
+def run_child(args: list[str], env: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, check=False
+    )
+    if out.returncode:
+        raise RuntimeError(f"benchmark child {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def new_process_rounds(args, folder: Path) -> None:
+    """The cold and new-process modes: every load in a process of its own, interleaved."""
+    env = dict(os.environ)
+    run_child(["--child", "save", "--params", str(args.params), "--dir", str(folder)], env)
+    variants = {"raw": ("raw", env), "cadence": ("cadence", env)}
+    if args.before_src:
+        variants["before"] = ("cadence", dict(env, PYTHONPATH=args.before_src))
+    modes = [m for m in ("cold", "new-process") if m in args.mode]
+    results: dict[tuple[str, str], list[dict]] = {}
+    for r in range(args.rounds):
+        for mode in modes:
+            names = list(variants) if r % 2 == 0 else list(reversed(variants))
+            for name in names:
+                variant, child_env = variants[name]
+                if mode == "new-process":
+                    warm(folder / ("plain" if variant == "raw" else "ckpt"))
+                command = ["--child", variant, "--params", str(args.params), "--dir", str(folder)]
+                command += ["--cold"] if mode == "cold" else []
+                command += ["--no-step"] if args.no_step else []
+                out = run_child(command, child_env)
+                results.setdefault((mode, name), []).append(out)
+                print(
+                    f"round {r} {mode:11s} {name:8s} wall {out['wall']:.3f}s cpu {out['cpu']:.3f}s "
+                    f"faults {out['faults']} (load average {out['loadavg']:.2f})",
+                    flush=True,
+                )
+    print()
+    for mode in modes:
+        raw = results[(mode, "raw")]
+        for name in variants:
+            runs = results[(mode, name)]
+            wall = statistics.median(o["wall"] for o in runs)
+            cpu = statistics.median(o["cpu"] for o in runs)
+            line = f"{mode:11s} {name:8s} median wall {wall:.3f}s cpu {cpu:.3f}s"
+            if name != "raw":
+                ratios = [o["wall"] / w["wall"] for o, w in zip(runs, raw)]
+                cpu_ratios = [o["cpu"] / w["cpu"] for o, w in zip(runs, raw)]
+                line += f"  / raw: wall {summary(ratios)} cpu {summary(cpu_ratios)}"
+            print(line)
+    loads = [o["loadavg"] for runs in results.values() for o in runs]
+    print(
+        f"load average during the loads: median {statistics.median(loads):.2f} "
+        f"({min(loads):.2f}-{max(loads):.2f})"
+    )
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
 
@@ -216,14 +323,47 @@ def main() -> None:
         help="also run the Cadence whose `src` folder this is (e.g. an older commit's), "
         "interleaved, as 'before' (with --hide-xxhash applied to it alone)",
     )
+    parser.add_argument(
+        "--mode",
+        nargs="+",
+        choices=["cold", "new-process", "repeated"],
+        default=["cold", "new-process"],
+        help="cold and new-process: each load in a new process (cold: the files dropped from "
+        "the page cache first); repeated: loads in one long-lived process, with save times",
+    )
+    parser.add_argument(
+        "--no-step",
+        action="store_true",
+        help="cold/new-process: the resuming process's optimizer has no state yet (no step)",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.params, Path(args.dir))
         return
+    if args.child == "save":
+        save_both(args.params, Path(args.dir))
+        print(json.dumps({"saved": True}))
+        return
+    if args.child:
+        fresh_load(args.child, args.params, Path(args.dir), args.cold, not args.no_step)
+        return
     if args.hide_xxhash and not args.before_src:
         os.environ["BENCH_HIDE_XXHASH"] = "1"
     folder = Path(tempfile.mkdtemp(prefix="bench_resume_", dir=args.dir))
+    try:
+        if "cold" in args.mode or "new-process" in args.mode:
+            new_process_rounds(args, folder)
+        if "repeated" in args.mode:
+            repeated_rounds(args, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def repeated_rounds(args, folder: Path) -> None:
+    """Loads (and saves) repeated in long-lived worker processes, interleaved."""
     workers = {}
     try:
         workers["cadence"] = Worker(sys.executable, "cadence", args.params, folder)
@@ -272,7 +412,6 @@ def main() -> None:
     finally:
         for w in workers.values():
             w.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
