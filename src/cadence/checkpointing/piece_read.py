@@ -109,24 +109,25 @@ def _read_alone(fd: int, pieces: list, end: int, hasher: Any) -> int:
 
 
 def _read_together(fd: int, pieces: list, end: int, hasher: Any, threads: int) -> int:
-    """`threads` threads (this one among them) read alternate pieces; each hashes its piece once
-    the one before it is hashed."""
+    """`threads` threads (this one among them) read pieces in turn (thread k the pieces k,
+    k + threads, ...); each hashes its piece once the one before it is hashed: the turn to hash
+    goes round the threads, one semaphore each."""
     count = len(pieces)
-    turn = [threading.Event() for _ in range(count + 1)]
-    turn[0].set()
+    turns = [threading.Semaphore(0) for _ in range(threads)]
+    turns[0].release()
     stop = threading.Event()
     failure: list[BaseException] = []
     hashed = [0]
 
     def halt() -> None:
         stop.set()
-        for event in turn:  # nobody waits for a turn that will never come
-            event.set()
+        for turn in turns:  # nobody waits for a turn that will never come
+            turn.release()
 
-    def work(first: int) -> None:
+    def work(k: int) -> None:
         scratch = None
         try:
-            for i in range(first, count, threads):
+            for i in range(k, count, threads):
                 if stop.is_set():
                     return
                 offset, length, view, ahead = pieces[i]
@@ -137,7 +138,7 @@ def _read_together(fd: int, pieces: list, end: int, hasher: Any, threads: int) -
                 if ahead >= 0:
                     _advise(fd, ahead, min(READ_AHEAD, end - ahead))
                 got = _pread_exactly(fd, view, offset)
-                turn[i].wait()
+                turns[k].acquire()
                 if stop.is_set():
                     return
                 if hasher is not None:
@@ -146,7 +147,7 @@ def _read_together(fd: int, pieces: list, end: int, hasher: Any, threads: int) -
                 if got < length:  # the file ended early: the caller reports its size
                     halt()
                     return
-                turn[i + 1].set()
+                turns[(k + 1) % threads].release()
         except BaseException as e:  # re-raised by the calling thread below
             failure.append(e)
             halt()
