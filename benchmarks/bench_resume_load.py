@@ -42,8 +42,9 @@ helpers' test runs, 100M parameters, `--rounds 3 --before-src <the previous comm
     (Cadence's checkpoint modules, imported before the timed load: 0.06-0.44 s, compiled each
     time: PYTHONDONTWRITEBYTECODE is set on that machine)
   The cold target (<= 1.10x) holds with room: the reads ahead keep the disk busy while the bytes
-  already read are copied and hashed, where the raw load's page faults read the mapping 128 KiB
-  at a time. The new-process target (<= 2.0x on a quiet machine) could not be checked: the machine
+  already read are copied and hashed, where the raw load reads the mapping as its page faults
+  come (read_ahead_kb is 128 on that disk). --no-step (a resume whose optimizer has no state
+  yet) was not measured. The new-process target (<= 2.0x on a quiet machine) could not be checked: the machine
   was never quiet during this work, and at this load both loads mostly wait for a core, so the
   ratio is close to the ratio of CPU time. What the verified load cannot avoid: it holds the new
   weights next to the model's until every file is verified (all or nothing), so it touches 0.4 GB
