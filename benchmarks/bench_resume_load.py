@@ -39,7 +39,10 @@ helpers' test runs, 100M parameters, `--rounds 3 --before-src <the previous comm
                               before 7.83 s: 0.84x (0.83-0.98), CPU 1.48x
     new-process  raw 3.17 s   after 4.45 s: 1.40x (1.23-1.92), CPU 1.34x
                               before 4.21 s: 1.34x (0.49-1.82), CPU 1.06x
-    (Cadence's checkpoint modules, imported before the timed load: 0.06-0.44 s, compiled each
+  a second run, new-process only, 4 rounds, load average 15.5-29.0 (median 22.6):
+    new-process  raw 5.44 s   after 5.36 s: 0.82x (0.52-1.19), CPU 0.92x
+                              before 6.61 s: 0.88x (0.35-1.47), CPU 0.80x
+    (Cadence's checkpoint modules, imported before the timed load: 0.06-0.9 s, compiled each
     time: PYTHONDONTWRITEBYTECODE is set on that machine)
   The cold target (<= 1.10x) holds with room: the reads ahead keep the disk busy while the bytes
   already read are copied and hashed, where the raw load reads the mapping as its page faults
