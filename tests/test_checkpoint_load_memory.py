@@ -165,3 +165,36 @@ def test_segmented_file_reads_and_cuts_like_one_buffer(tmp_path):
         file.storage()[start - 1 : start + 1]
     (tmp_path / "plain.txt").write_bytes(b"not a zip file")  # read whole, as one segment
     assert len(read_torch_file(tmp_path, "plain.txt", 14, None, None).segments) == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_pieces_read_by_turns_are_hashed_in_file_order(tmp_path, monkeypatch, threads):
+    """piece_read: memory of its own for some ranges, none (read, hashed, dropped) for others;
+    every byte hashed once, in file order, whichever thread read it."""
+    import xxhash
+
+    from cadence.checkpointing import piece_read
+
+    monkeypatch.setattr(piece_read, "PIECE", 64 << 10)
+    monkeypatch.setattr(piece_read, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(piece_read, "THREADS", threads)
+    data = os.urandom((1 << 20) + 777)
+    (tmp_path / "f.bin").write_bytes(data)
+    bounds = [0, 100, 300_000, 300_001, 700_000, len(data)]  # kept, dropped, kept, kept, dropped
+    kept = {0: bytearray(100), 300_000: bytearray(1), 300_001: bytearray(400_000 - 1)}
+    ranges = [(b, memoryview(kept[b]) if b in kept else None) for b in bounds[:-1]]
+    fd = os.open(tmp_path / "f.bin", os.O_RDONLY)
+    try:
+        hasher = xxhash.xxh3_128()
+        assert piece_read.read_ranges_hashed(fd, ranges, len(data), hasher) == len(data)
+        assert hasher.hexdigest() == xxhash.xxh3_128(data).hexdigest()
+        assert all(bytes(kept[b]) == data[b : b + len(kept[b])] for b in kept)
+        # the file ends before the ranges do: the bytes read are fewer, nothing after is hashed
+        hasher = xxhash.xxh3_128()
+        short = piece_read.read_ranges_hashed(fd, ranges, len(data) + (200 << 10), hasher)
+        assert short == len(data)
+        assert hasher.hexdigest() == xxhash.xxh3_128(data).hexdigest()
+    finally:
+        os.close(fd)
+    with pytest.raises(ValueError, match="bytes of memory"):
+        piece_read.read_ranges_hashed(0, [(0, memoryview(bytearray(3)))], 5, None)

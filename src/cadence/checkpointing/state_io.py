@@ -104,10 +104,11 @@ def read_training_state(
         def obj(name: str) -> Any:
             return reader.load_object(name, map_location="cpu", allow_pickle=allow_pickle)
 
-        # Every file is read on this thread, tensor by tensor: memory allocated here comes from the
-        # allocator's main arena, which holds what earlier tensors freed, where a worker thread's
-        # arena (or one whole-file buffer) faults in fresh pages, which cost more than reading and
-        # hashing the bytes (measured: most of a 100M-parameter load's CPU on the development VM).
+        # Every file's tensors are allocated on this thread, one by one: memory allocated here
+        # comes from the allocator's main arena, which holds what earlier tensors freed, where a
+        # worker thread's arena (or one whole-file buffer) faults in fresh pages, which cost more
+        # than reading and hashing the bytes (measured: most of a 100M-parameter load's CPU on the
+        # development VM). Two threads then fill them (piece_read), one file after the other.
         if not targets.sharded:
             for i in targets.models:
                 if reader.has(model_file(i, True)):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .checksums import new_hasher
 from .errors import CheckpointCorruptError
 from .fs import start_writeback
+from .piece_read import read_ranges_hashed
 from .safe_io import check_read, ends_at, read_hashed, reading_member
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 _MAX_HEADER = 100 * 1024 * 1024
 _WRITE_CHUNK = 64 << 20
-_READ_PIECE = 8 << 20  # scratch for the bytes between tensors
 
 
 def _dtype_names() -> dict[Any, str]:
@@ -273,14 +273,15 @@ def read_tensor_file(
     algorithm: str | None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors and metadata of safetensors file `name`, each tensor read from the file straight
-    into memory of its own and hashed in file order as it is read; returned only after the whole
+    into memory of its own and every byte hashed in file order; returned only after the whole
     file had `size` bytes and (when given) `checksum`.
 
     One pass, no staging copy of the file: the header, which comes first, is hashed and then parsed
     (JSON, validated: every tensor inside the file, none overlapping, so the memory asked for is at
-    most the file's size) to know where each tensor's bytes go. No tensor reaches the caller before
-    the checksum of exactly the bytes in it matched. Separate tensors, like the ones torch.save'd
-    weights load into, let the allocator reuse memory freed by earlier tensors.
+    most the file's size) to know where each tensor's bytes go; the tensors are allocated on this
+    thread and filled by piece_read (two threads, hashing in file order). No tensor reaches the
+    caller before the checksum of exactly the bytes in it matched. Separate tensors, like the ones
+    torch.save'd weights load into, let the allocator reuse memory freed by earlier tensors.
     """
     import torch
 
@@ -288,36 +289,27 @@ def read_tensor_file(
     source = os.fspath(directory / name)
     hashing = checksum is not None and algorithm is not None
     hasher = new_hasher(algorithm) if hashing else None
-    position = 0
-    scratch: memoryview | None = None
 
     def read_into(view: memoryview) -> bool:
         """Fill `view` with the next bytes of the file, hashing them; False at a short read."""
-        nonlocal position
-        got = read_hashed(fd, view, hasher)
-        position += got
-        return got == len(view)
-
-    def skip_to(offset: int) -> bool:
-        """Read (and hash) the bytes up to `offset` that belong to no tensor."""
-        nonlocal scratch
-        while position < offset:
-            if scratch is None:
-                scratch = memoryview(bytearray(min(_READ_PIECE, size)))
-            if not read_into(scratch[: min(len(scratch), offset - position)]):
-                return False
-        return True
+        return read_hashed(fd, view, hasher) == len(view)
 
     out: dict[str, torch.Tensor] = {}
     metadata: dict[str, str] = {}
     problem: CheckpointCorruptError | None = None
     complete = True
     with reading_member(directory, name, size) as fd:
+        # where each byte after the header goes: a tensor, or (bytes of no tensor) None; the rest
+        # of a file whose header is unusable is hashed too, so a damaged file is reported as
+        # changed since the save, not by the first symptom
+        position = 0
+        ranges: list[tuple[int, memoryview | None]] = []
         if size < 8:
             problem = _bad(source, f"{size} bytes, too short for a header")
         else:
             head = bytearray(8)
             complete = read_into(memoryview(head))
+            position = 8
             header_len = int.from_bytes(head, "little")
             if complete and header_len > min(_MAX_HEADER, size - 8):
                 problem = _bad(
@@ -326,23 +318,24 @@ def read_tensor_file(
             elif complete:
                 text = bytearray(header_len)
                 complete = read_into(memoryview(text))
+                position += header_len
                 if complete:
                     try:
                         entries, metadata = _parse_header(bytes(text), size, source)
                     except CheckpointCorruptError as e:
                         problem, entries = e, []
-                    for start, _end, key, dtype, shape in entries:
-                        complete = skip_to(start)
-                        if not complete:
-                            break
-                        tensor = torch.empty(shape, dtype=dtype)
-                        complete = read_into(_byte_view(tensor))
-                        if not complete:
-                            break
-                        out[key] = tensor
-        # the rest (or all of a file whose header is unusable) is hashed too: a damaged file is
-        # reported as changed since the save, not by the first symptom
-        complete = complete and skip_to(size) and ends_at(fd, size)
+                    for start, end, key, dtype, shape in entries:
+                        if start > position:
+                            ranges.append((position, None))
+                        out[key] = torch.empty(shape, dtype=dtype)
+                        ranges.append((start, _byte_view(out[key])))
+                        position = end
+        if complete:
+            if position < size:
+                ranges.append((position, None))
+            first = ranges[0][0] if ranges else size
+            complete = read_ranges_hashed(fd, ranges, size, hasher) == size - first
+        complete = complete and ends_at(fd, size)
     actual = None if hasher is None else hasher.hexdigest()
     check_read(directory, name, complete, actual, checksum, algorithm)
     if problem is not None:

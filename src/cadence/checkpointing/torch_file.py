@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import new_hasher
+from .piece_read import read_ranges_hashed
 from .safe_io import (
     RandomAccessFile,
     check_read,
     corrupt,
     ends_at,
-    read_hashed,
     reading_member,
 )
 
@@ -135,38 +135,32 @@ def read_torch_file(
     directory: str | os.PathLike, name: str, size: int, checksum: str | None, algorithm: str | None
 ) -> SegmentedFile:
     """Read torch file `name` once (large records into tensors of their own, the rest into small
-    buffers), hashing every byte in file order; raise CheckpointCorruptError unless it has `size`
-    bytes and (when given) `checksum`, and unless its verified zip directory places the records
-    where they were read to."""
+    buffers, all allocated on this thread and filled by piece_read), hashing every byte in file
+    order; raise CheckpointCorruptError unless it has `size` bytes and (when given) `checksum`,
+    and unless its verified zip directory places the records where they were read to."""
     import torch
 
     directory = Path(directory)
     hasher = new_hasher(algorithm) if checksum is not None and algorithm is not None else None
-    segments: list[tuple[int, Any]] = []
-    position = 0
-
-    def read_segment(end: int) -> bool:
-        nonlocal position
-        segment = torch.empty(end - position, dtype=torch.uint8)
-        view = memoryview(segment.numpy()) if end > position else memoryview(b"")
-        segments.append((position, segment))
-        got = read_hashed(fd, view, hasher)
-        position += got
-        return got == len(view)
-
     with reading_member(directory, name, size) as fd:
         spans = _record_spans(_PreadFile(fd, size), size)
-        complete = True
+        bounds = []  # consecutive (start, end) of the segments, the large records among them
+        position = 0
         for start, end in spans:
-            complete = (start == position or read_segment(start)) and read_segment(end)
-            if not complete:
-                break
-        complete = complete and (position == size or read_segment(size)) and position == size
-        complete = complete and ends_at(fd, size)
+            if start > position:
+                bounds.append((position, start))
+            bounds.append((start, end))
+            position = end
+        if position < size or not bounds:
+            bounds.append((position, size))
+        segments = [(start, torch.empty(end - start, dtype=torch.uint8)) for start, end in bounds]
+        ranges = [
+            (start, memoryview(segment.numpy()) if segment.numel() else memoryview(b""))
+            for start, segment in segments
+        ]
+        complete = read_ranges_hashed(fd, ranges, size, hasher) == size and ends_at(fd, size)
     actual = None if hasher is None else hasher.hexdigest()
     check_read(directory, name, complete, actual, checksum, algorithm)
-    if not segments:
-        segments.append((0, torch.empty(0, dtype=torch.uint8)))
     file = SegmentedFile(segments, size)
     if spans and _record_spans(file.open(), size) != spans:
         raise corrupt(directory, f"{name}: its zip directory changed while it was read")
