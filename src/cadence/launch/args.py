@@ -242,6 +242,11 @@ def build_launch_parser(
         type=float,
         help="Seconds between worker health checks (default: 0.1).",
     )
+    from .fault_tolerance import (
+        add_fault_tolerance_flags,  # deferred: that module imports launch/settings, which imports this one
+    )
+
+    add_fault_tolerance_flags(parser, add)
     add(
         parser,
         "--module",
