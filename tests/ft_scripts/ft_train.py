@@ -38,6 +38,8 @@ def main() -> None:
     kill_group = int(os.environ.get("FT_KILL_GROUP", "-1"))
     kill_at = int(os.environ.get("FT_KILL_AT", "-1"))
     slow_alone = float(os.environ.get("FT_SLOW_ALONE", "0"))
+    if incarnation > 0:  # a slow restart, so the survivors are seen waiting (FT_RESTART_DELAY)
+        time.sleep(float(os.environ.get("FT_RESTART_DELAY", "0")))
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -20,7 +20,11 @@ DEFAULT_MAX_RESTARTS = 3
 
 def torchft_missing_message(what: str) -> str | None:
     """None when torchft can be imported; otherwise the error to show for `what` (a flag, a class)."""
-    if importlib.util.find_spec("torchft") is not None:
+    try:
+        found = importlib.util.find_spec("torchft") is not None
+    except (ImportError, ValueError):  # a blocked or half-imported torchft counts as missing
+        found = False
+    if found:
         return None
     return (
         f"{what} needs torchft, which is not installed: pip install 'cadence[ft]' "

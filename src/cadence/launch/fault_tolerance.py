@@ -156,6 +156,9 @@ def fault_tolerant_launch(args: argparse.Namespace, dry_run: bool) -> int:
     """Run `cadence launch` with fault tolerance (the Lighthouse and every group, or one group)."""
     ft = _take(args)
     _check(ft)
+    # torchft's Rust servers log every quorum at INFO; the quorum changes Cadence reports are the
+    # lines that matter (set RUST_LOG=info, or pass --debug, to see torchft's own).
+    os.environ.setdefault("RUST_LOG", "info" if vars(args).get("debug") else "warn")
     if "lighthouse" in ft:
         return _run_group(args, ft, dry_run)
     return _run_groups(args, ft, dry_run)
