@@ -28,40 +28,17 @@ from ..fault_tolerance.config import (
     check_fields,
     torchft_missing_message,
 )
+from .args import build_launch_parser
+from .banner import format_banner, format_dry_run
+from .fault_tolerance_flags import FT_FLAGS
+from .plan import build_plan
+from .runner import run_plan
 from .settings import LaunchPlanError
 
-FT_FLAGS = (
-    "fault_tolerance",
-    "replica_groups",
-    "replica_group",
-    "lighthouse",
-    "min_replicas",
-    "heartbeat_timeout",
-    "quorum_timeout",
-)
 # The Lighthouse forms a quorum every tick; a forming quorum waits this long for groups that are
 # alive (heartbeating) but have not asked to join yet, e.g. a restarted group still starting.
 QUORUM_TICK_MS = 100
 JOIN_TIMEOUT_MS = 1000
-
-
-def add_fault_tolerance_flags(parser: argparse.ArgumentParser, add: Any) -> None:
-    """The launcher's fault-tolerance flags (`add` adds both spellings of each)."""
-    group = parser.add_argument_group("Fault tolerance (torchft; pip install 'cadence[ft]')")
-    add(group, "--fault_tolerance", action="store_true",
-        help="Train in replica groups that keep stepping when one fails (torchft).")  # fmt: skip
-    add(group, "--replica_groups", type=int, metavar="G",
-        help="Replica groups to start on this machine (with a Lighthouse), or the job's total.")  # fmt: skip
-    add(group, "--replica_group", type=int, metavar="I",
-        help="With --lighthouse: the index of the group this launcher runs.")  # fmt: skip
-    add(group, "--lighthouse", metavar="HOST:PORT",
-        help="The Lighthouse of a job across machines (see `cadence lighthouse`).")  # fmt: skip
-    add(group, "--min_replicas", type=int,
-        help="Fewest replica groups that may commit a step (default: 1).")  # fmt: skip
-    add(group, "--heartbeat_timeout", type=float,
-        help=f"Seconds without a heartbeat before a group counts as lost (default: {DEFAULT_HEARTBEAT_TIMEOUT:g}).")  # fmt: skip
-    add(group, "--quorum_timeout", type=float,
-        help=f"Seconds a step waits for a quorum before failing (default: {DEFAULT_QUORUM_TIMEOUT:g}).")  # fmt: skip
 
 
 def wants_fault_tolerance(args: argparse.Namespace) -> bool:
@@ -169,9 +146,6 @@ def _machine_host(args: argparse.Namespace) -> str:
 
 
 def _run_group(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> int:
-    from .banner import format_banner, format_dry_run
-    from .plan import build_plan
-    from .runner import run_plan
 
     if "max_restarts" not in vars(args):  # a group's agent restarts its workers by default
         args.max_restarts = DEFAULT_MAX_RESTARTS
@@ -202,7 +176,6 @@ def _free_port(host: str) -> int:
 
 def _flag_argv(args: argparse.Namespace) -> list[str]:
     """The typed launcher flags of `args` (the parser's SUPPRESS keeps the others out) as argv."""
-    from .args import build_launch_parser
 
     parser, _ = build_launch_parser(lambda **options: argparse.ArgumentParser(**options))
     actions = {action.dest: action for action in parser._actions if action.option_strings}
