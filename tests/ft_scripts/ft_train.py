@@ -38,6 +38,9 @@ def main() -> None:
     kill_group = int(os.environ.get("FT_KILL_GROUP", "-1"))
     kill_at = int(os.environ.get("FT_KILL_AT", "-1"))
     slow_alone = float(os.environ.get("FT_SLOW_ALONE", "0"))
+    if incarnation > 0:
+        with open(os.path.join(out, f"restarted.{group}"), "w") as f:
+            f.write(str(time.time()))
     if incarnation > 0:  # a slow restart, so the survivors are seen waiting (FT_RESTART_DELAY)
         time.sleep(float(os.environ.get("FT_RESTART_DELAY", "0")))
     torch.manual_seed(0)
@@ -57,6 +60,8 @@ def main() -> None:
     for ids, x, y in loader:  # bounded: the loader ends when the epoch's cursor is at its end
         if group == kill_group and incarnation == 0 and steps == kill_at:
             ledger.close()
+            with open(os.path.join(out, "killed_at"), "w") as f:
+                f.write(str(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         loss = torch.nn.functional.mse_loss(model(x), y)
         accelerator.backward(loss)
@@ -70,6 +75,7 @@ def main() -> None:
             "ids": ids.tolist(),
             "participants": loader.participants,
             "lr": scheduler.get_last_lr()[0],
+            "t": time.time(),
         }
         ledger.write(json.dumps(record) + "\n")
         ledger.flush()
