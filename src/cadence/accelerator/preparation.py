@@ -325,9 +325,10 @@ class Preparer:
         if self.fault_tolerance is not None:  # the exactly-once cursor replaces the sharding
             placement = self.device_placement if device_placement is None else device_placement
             loader = self.fault_tolerance.wrap_loader(
-                data_loader, context.device if placement else None
+                data_loader, context.device if placement else None, self.gradient_state
             )
             mark_prepared(loader)
+            self.prepared.dataloaders.append(loader)  # its position is saved with the state
             return loader
         config = self.dataloader_config
         # Ranks of one tensor/context-parallel group read the same batches.

@@ -12,6 +12,7 @@ import contextlib
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -171,6 +172,7 @@ class FaultTolerantSession:
         waiting.start()
         try:
             self.manager.start_quorum()
+            self._wait_for_every_group()
         except Exception as error:
             raise RuntimeError(
                 f"replica group {self.config.replica_group}: no quorum within "
@@ -199,6 +201,35 @@ class FaultTolerantSession:
             index=replica_rank * self.group_world_size + self.group_rank,
         )
         return self._view
+
+    def _wait_for_every_group(self) -> None:
+        """Before the job's first commit, quorum again until every group of the job is in it.
+
+        A group that started late would otherwise find the others' steps committed without it (or
+        the others finished) and, with no peer ahead to heal from, train the same samples again.
+        Bounded by the quorum timeout; past it the groups present go on (and say so)."""
+        groups = self.config.replica_groups
+        if not groups or self.manager.current_step() != 0:
+            return
+        deadline = time.monotonic() + self.config.quorum_timeout
+        said = False
+        while self.manager.num_participants() < groups:  # bounded by the deadline
+            if time.monotonic() > deadline:
+                if self.group_rank == 0:
+                    say(
+                        f"replica group {self.config.replica_group} starts with "
+                        f"{self.manager.num_participants()} of {groups} groups after "
+                        f"{self.config.quorum_timeout:g} s (the others heal when they join)"
+                    )
+                return
+            if not said and self.group_rank == 0:
+                say(
+                    f"replica group {self.config.replica_group} waits for all {groups} groups "
+                    "to start before the first step"
+                )
+                said = True
+            time.sleep(0.2)
+            self.manager.start_quorum()
 
     def _say_waiting(self, step: int) -> None:
         if self.group_rank == 0:
@@ -281,11 +312,20 @@ class FaultTolerantSession:
         travels to a healing group."""
         self.schedulers.append(scheduler)
 
-    def wrap_loader(self, data_loader: Any, device: torch.device | None) -> CursorLoader:
+    def wrap_loader(
+        self, data_loader: Any, device: torch.device | None, gradient_state: Any = None
+    ) -> CursorLoader:
         """The exactly-once loader over `data_loader`'s dataset (see loader.py)."""
-        loader = CursorLoader(data_loader, device, self.begin_step)
+        loader = CursorLoader(data_loader, device, self.begin_step, gradient_state)
         self.loaders.append(loader)
         return loader
+
+    def writes_checkpoints(self) -> bool:
+        """Whether this group writes `save_state` (the first participating group of the last
+        quorum; every group holds the same committed state, so one writes it)."""
+        if self.committed_steps + self.discarded_steps == 0 and self._view is None:
+            return self.config.replica_group == 0  # no quorum yet: every group holds the start
+        return self.manager.participating_rank() == 0
 
     def shutdown(self) -> None:
         """Leave the quorum: stop this group's torchft servers."""

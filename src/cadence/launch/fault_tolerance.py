@@ -35,10 +35,14 @@ from .plan import build_plan
 from .runner import run_plan
 from .settings import LaunchPlanError
 
-# The Lighthouse forms a quorum every tick; a forming quorum waits this long for groups that are
-# alive (heartbeating) but have not asked to join yet, e.g. a restarted group still starting.
+# The Lighthouse forms a quorum every tick. A forming quorum waits up to JOIN_TIMEOUT_MS for groups
+# that are alive (heartbeating) but have not asked to join yet: a slow step, a restarted group still
+# starting. It is long on purpose: a group that is alive but slower than it would otherwise form a
+# quorum of its own at the same step as the others' (torchft heals only a group that is behind), and
+# both would commit that step on their own cursors, training the same samples twice. A dead group
+# stops heartbeating and is dropped after the heartbeat timeout, without this wait.
 QUORUM_TICK_MS = 100
-JOIN_TIMEOUT_MS = 1000
+JOIN_TIMEOUT_MS = 30_000
 
 
 def wants_fault_tolerance(args: argparse.Namespace) -> bool:
@@ -56,15 +60,22 @@ def lighthouse_url(address: str) -> str:
 
 
 def start_lighthouse(
-    host: str, port: int, min_replicas: int, heartbeat_timeout: float
+    host: str,
+    port: int,
+    min_replicas: int,
+    heartbeat_timeout: float,
+    quorum_timeout: float = DEFAULT_QUORUM_TIMEOUT,
 ) -> tuple[Any, str]:
-    """torchft's LighthouseServer bound to `host:port` (0: any free port); returns it and its URL."""
+    """torchft's LighthouseServer bound to `host:port` (0: any free port); returns it and its URL.
+
+    The join wait stays under half the groups' quorum timeout, so a group waiting for a slow peer
+    never fails its own quorum first."""
     from torchft.coordination import LighthouseServer
 
     server = LighthouseServer(
         bind=f"{host}:{port}",
         min_replicas=min_replicas,
-        join_timeout_ms=JOIN_TIMEOUT_MS,
+        join_timeout_ms=int(min(JOIN_TIMEOUT_MS, quorum_timeout * 500)),
         quorum_tick_ms=QUORUM_TICK_MS,
         heartbeat_timeout_ms=int(heartbeat_timeout * 1000),
     )
@@ -208,7 +219,9 @@ def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> 
     if dry_run:
         print(summary + f"\n  Lighthouse bound to {host} (port chosen at start)")
         return 0
-    server, url = start_lighthouse(host, 0, ft["min_replicas"], ft["heartbeat_timeout"])
+    server, url = start_lighthouse(
+        host, 0, ft["min_replicas"], ft["heartbeat_timeout"], ft["quorum_timeout"]
+    )
     quiet = bool(vars(args).get("quiet"))
     if not quiet:
         _say(summary + f"\n  Lighthouse: {url} (bound to {host})")
