@@ -200,33 +200,16 @@ def test_group_killed_during_gradient_allreduce_survivor_continues(tmp_path: Pat
 
 def _windows(out: Path, group: int) -> list[tuple[bool, list[int]]]:
     """(committed, sample ids) of each accumulation window of `group`'s ledger."""
-    windows, ids = [], []
+    windows, ids, incarnation = [], [], 0
     for record in _ledger(out, group):
+        if record["incarnation"] != incarnation:  # a killed process's open window is gone
+            ids, incarnation = [], record["incarnation"]
         ids += record["ids"]
         if record["synced"]:
             windows.append((record["committed"], ids))
             ids = []
     assert not ids, "a window never stepped: its samples were silently dropped"
     return windows
-
-
-def test_partial_accumulation_window_and_uneven_tail_at_the_epoch_end(tmp_path: Path) -> None:
-    """42 samples, 2 groups, batches of 2, 3 micro-batches per step: three whole windows, then a
-    window of two micro-batches whose last is the epoch's tail shared out one sample per group.
-    The last window steps (the loader says it is the end of the dataloader) and commits: every
-    sample exactly once, the same weights on both groups."""
-    pytest.importorskip("torchft")
-    samples = 42
-    result = _launch(
-        tmp_path, "--fault_tolerance", "--replica_groups", "2", FT_SAMPLES=str(samples),
-        FT_ACCUM="3",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ids = sorted(i for g in (0, 1) for ok, window in _windows(tmp_path, g) if ok for i in window)
-    assert ids == list(range(samples))
-    last = _ledger(tmp_path, 0)[-2:]
-    assert [r["synced"] for r in last] == [False, True] and len(last[-1]["ids"]) == 1
-    assert _weights(tmp_path, 0) == _weights(tmp_path, 1)
 
 
 def test_fewer_tail_samples_than_ranks_is_refused() -> None:
@@ -249,19 +232,35 @@ def test_fewer_tail_samples_than_ranks_is_refused() -> None:
         ranks_of(3, 4)
 
 
-def test_min_replicas_above_survivors_waits_then_resumes(tmp_path: Path) -> None:
+def test_min_replicas_above_survivors_waits_then_resumes_through_accumulation_windows(
+    tmp_path: Path,
+) -> None:
+    """min_replicas=2, 3 micro-batches per optimizer step, group 1 SIGKILLed inside a window and
+    restarted 6 s later: the survivor commits nothing alone, says why it waits, and resumes when
+    the group is back. 42 samples at 4 per micro-step: after three whole windows the epoch ends in
+    a window of two micro-batches whose last is the tail shared out one sample per group; it steps
+    (the loader marks the end of the dataloader) and commits. Every sample exactly once."""
     pytest.importorskip("torchft")
-    samples = 32
+    samples = 42
     result = _launch(
         tmp_path, "--fault_tolerance", "--replica_groups", "2", "--min_replicas", "2",
-        FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="3", FT_RESTART_DELAY="6",
+        FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="4", FT_RESTART_DELAY="6",
+        FT_ACCUM="3",
     )  # fmt: skip
-    _check_run(result, tmp_path, samples)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-6000:]
+    ids = sorted(i for g in (0, 1) for ok, window in _windows(tmp_path, g) if ok for i in window)
+    assert ids == list(range(samples))
     survivor = _ledger(tmp_path, 0)
+    assert {r["incarnation"] for r in survivor} == {0}
+    assert {r["incarnation"] for r in _ledger(tmp_path, 1)} == {0, 1}
     # No step ever committed with fewer than two groups.
-    assert all(r["participants"] == 2 for r in survivor if r["committed"])
-    assert "waits for a quorum" in result.stdout + result.stderr
-    assert "min_replicas=2" in result.stdout + result.stderr
+    assert all(r["participants"] == 2 for r in survivor if r["committed"] and r["synced"])
+    assert "waits for a quorum" in text and "min_replicas=2" in text
+    last = survivor[-2:]  # the shorter last window: two micro-batches, the second the tail
+    assert [r["synced"] for r in last] == [False, True] and len(last[-1]["ids"]) == 1
+    assert last[-1]["committed"]
+    assert _weights(tmp_path, 0) == _weights(tmp_path, 1)
 
 
 def _refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
