@@ -98,6 +98,12 @@ def main() -> None:
             with open(os.path.join(out, "killed_at"), "w") as f:
                 f.write(str(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+        if ft and steps == 0 and incarnation == 0:  # refused over the fault-tolerant loader
+            try:
+                accelerator.gather_for_metrics(y)
+            except RuntimeError as error:
+                with open(os.path.join(out, f"gather_refused.{group}"), "w") as f:
+                    f.write(str(error))
         with accelerator.accumulate(model):  # FT_ACCUM micro-batches per optimizer step
             loss = torch.nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)

@@ -320,6 +320,23 @@ class FaultTolerantSession:
         self.loaders.append(loader)
         return loader
 
+    def check_gather_for_metrics(self, active_loader: Any, process_index: int) -> None:
+        """Refuse `gather_for_metrics` over a fault-tolerant loader of a job of several groups:
+        its batches are cut over every group's ranks, the gather reaches this group's only, so
+        the result would silently miss the other groups' samples."""
+        if (self.config.replica_groups or 2) < 2:
+            return
+        if not any(active_loader is loader for loader in self.loaders):
+            return
+        raise RuntimeError(
+            f"process {process_index} of replica group {self.config.replica_group}: "
+            "gather_for_metrics over a DataLoader prepared under fault tolerance would gather "
+            "only this group's share of its batches (the exactly-once cursor cuts them over all "
+            "the groups' ranks). Evaluate on a DataLoader you do not prepare, split by "
+            "accelerator.process_index / accelerator.num_processes: gather_for_metrics then "
+            "gathers it whole over this group's ranks (docs: Training through failures, limits)"
+        )
+
     def writes_checkpoints(self) -> bool:
         """Whether this group writes `save_state` (the first participating group of the last
         quorum; every group holds the same committed state, so one writes it)."""
