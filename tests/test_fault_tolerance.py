@@ -180,7 +180,7 @@ def test_group_killed_during_gradient_allreduce_survivor_continues(tmp_path: Pat
     in the training script around torchft's Manager.allreduce): the survivor never restarts,
     discards at most that step, commits the next one, and the group restarted heals."""
     pytest.importorskip("torchft")
-    samples = 48
+    samples = 96  # the survivor, sleeping 1 s a step alone, outlasts a slow restart
     result = _launch(
         tmp_path, "--fault_tolerance", "--replica_groups", "2",
         FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="3", FT_KILL_IN_ALLREDUCE="1",
