@@ -266,6 +266,24 @@ def test_min_replicas_above_survivors_waits_then_resumes_through_accumulation_wi
     assert _weights(tmp_path, 0) == _weights(tmp_path, 1)
 
 
+def test_group_returning_after_the_others_finished_does_not_train_again(tmp_path: Path) -> None:
+    """Group 1 killed, restarted only after the survivor finished the epoch: alone at the job's
+    step 0 with nobody to heal from, it refuses (clear message) instead of training every sample
+    again."""
+    pytest.importorskip("torchft")
+    samples = 16
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "2", "--quorum_timeout", "4",
+        "--max_restarts", "1",
+        FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="2", FT_RESTART_DELAY="8",
+    )  # fmt: skip
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "restarted but found no other group within 4 s" in text, text[-4000:]
+    assert {r["incarnation"] for r in _ledger(tmp_path, 1)} == {0}  # never trained again
+    assert _committed_ids(tmp_path, 2) == list(range(samples))
+
+
 def _refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """`cadence launch` in this process (its parser and plan checks): refused with code 2."""
     from cadence.commands.cli import main

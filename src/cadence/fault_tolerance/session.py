@@ -215,6 +215,16 @@ class FaultTolerantSession:
         said = False
         while self.manager.num_participants() < groups:  # bounded by the deadline
             if time.monotonic() > deadline:
+                if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+                    # A restarted group alone at the job's step 0: the others finished (or are
+                    # gone for good); training the epoch from its start would repeat their steps.
+                    raise RuntimeError(
+                        f"replica group {self.config.replica_group} restarted but found no other "
+                        f"group within {self.config.quorum_timeout:g} s: they finished, or are "
+                        "gone, and nobody is ahead of it to heal from, so it does not train the "
+                        "epoch again from its start. Restart the job from its last checkpoint "
+                        "if training is not complete"
+                    )
                 if self.group_rank == 0:
                     say(
                         f"replica group {self.config.replica_group} starts with "
