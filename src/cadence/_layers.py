@@ -36,6 +36,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policies", ("cadence.data", "cadence.bigmodel", "cadence.training")),
     # one strategy per backend, owning its precision
     ("strategies", ("cadence.strategies",)),
+    # per-step fault tolerance across replica groups (torchft): the session, the commit gate, the
+    # exactly-once loader; given the prepared objects by the façade's preparer
+    ("fault_tolerance", ("cadence.fault_tolerance",)),
     # storage and trackers
     (
         "storage",

@@ -35,7 +35,12 @@ class CheckpointMethods:
         `project_dir/checkpoints/checkpoint_<i>` and `total_limit` keeps the newest ones. Pass
         `async_save=True` to write in the background (the next save, load or end_training waits).
         """
-        return self._checkpointer.save_state(output_dir, safe_serialization, **kwargs)
+        fault_tolerance = self.__dict__.get("_fault_tolerance")
+        # Under fault tolerance every replica group holds the same committed state: one writes it.
+        writes = fault_tolerance is None or fault_tolerance.writes_checkpoints()
+        return self._checkpointer.save_state(
+            output_dir, safe_serialization, writes=writes, **kwargs
+        )
 
     def load_state(
         self,

@@ -19,6 +19,7 @@ from ..core.enums import FP8BackendType
 from ..core.prepared import PreparedObjects
 from ..core.profiling import profile
 from ..core.settings import describe, read_launch_config
+from ..fault_tolerance.start import start_fault_tolerance
 from ..options.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -160,6 +161,13 @@ class Accelerator(CheckpointMethods):
         if backend is not None and settings.precision.fp8_handler is None:
             name = {"AO": "ao_recipe_handler", "TE": "te_recipe_handler"}[backend]
             setattr(self, name, self._strategy.precision.recipe_handler)
+        self._fault_tolerance = start_fault_tolerance(
+            settings.fault_tolerance,
+            device=self.state.device,
+            group_rank=self.state.process_index,  # each replica group is its own elastic job
+            group_world_size=self.state.num_processes,
+            group_barrier=self.state.wait_for_everyone,
+        )
         self._preparer = Preparer(
             self._strategy,
             self._prepared,
@@ -169,6 +177,7 @@ class Accelerator(CheckpointMethods):
             rng_types=self.rng_types,
             dynamo_plugin=self.dynamo_plugin,
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            fault_tolerance=self._fault_tolerance,
         )
         self._accumulation = GradientAccumulation(
             self._strategy, self._prepared, self.gradient_state
@@ -424,6 +433,10 @@ class Accelerator(CheckpointMethods):
             gather_for_metrics,  # deferred: loaded on first use, keeps `import cadence` cheap
         )
 
+        if self._fault_tolerance is not None:  # refused over a loader cut across the groups
+            self._fault_tolerance.check_gather_for_metrics(
+                self.gradient_state.active_dataloader, self.process_index
+            )
         return gather_for_metrics(input_data, use_gather_object=use_gather_object)
 
     @contextmanager
@@ -560,6 +573,8 @@ class Accelerator(CheckpointMethods):
     def end_training(self) -> None:
         """Finish the trackers, wait for pending checkpoint writes, and destroy the process group."""
         self._tracker_hub.end_training()
+        if self._fault_tolerance is not None:
+            self._fault_tolerance.shutdown()
         if "_checkpointer" in self.__dict__:  # nothing to wait for when nothing was saved
             self._checkpointer.wait_for_async_save()
         self.state.destroy_process_group()

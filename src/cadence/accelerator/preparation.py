@@ -148,8 +148,11 @@ class Preparer:
         rng_types: list[str],
         dynamo_plugin: Any,
         step_scheduler_with_optimizer: bool,
+        fault_tolerance: Any = None,
     ) -> None:
         self.strategy = strategy
+        # The replica group's FaultTolerantSession, or None: it receives each prepared object.
+        self.fault_tolerance = fault_tolerance
         self.prepared = prepared
         self.gradient_state = gradient_state
         self.device_placement = device_placement
@@ -244,6 +247,8 @@ class Preparer:
         model._is_accelerator_prepared = True  # what integrations check to skip a second prepare
         mark_prepared(model)
         self.prepared.models.append(model)
+        if self.fault_tolerance is not None:
+            self.fault_tolerance.attach_model(model)
         return model
 
     def _already_prepared(self, model: torch.nn.Module) -> Any:
@@ -277,6 +282,8 @@ class Preparer:
             gradient_state=self.gradient_state,
         )
         mark_prepared(wrapped)
+        if self.fault_tolerance is not None:  # before recording it: a second optimizer is refused
+            self.fault_tolerance.attach_optimizer(wrapped)
         self.prepared.optimizers.append(wrapped)
         # fp8 with FSDP2 refreshes its float8 scales after each step.
         self.strategy.precision.attach_optimizer(optimizer, list(self.prepared.models))
@@ -299,6 +306,8 @@ class Preparer:
         )
         mark_prepared(wrapped)
         self.prepared.schedulers.append(wrapped)
+        if self.fault_tolerance is not None:
+            self.fault_tolerance.attach_scheduler(wrapped)
         return wrapped
 
     def data_loader(
@@ -313,6 +322,14 @@ class Preparer:
         )
 
         context = self.strategy.context
+        if self.fault_tolerance is not None:  # the exactly-once cursor replaces the sharding
+            placement = self.device_placement if device_placement is None else device_placement
+            loader = self.fault_tolerance.wrap_loader(
+                data_loader, context.device if placement else None, self.gradient_state
+            )
+            mark_prepared(loader)
+            self.prepared.dataloaders.append(loader)  # its position is saved with the state
+            return loader
         config = self.dataloader_config
         # Ranks of one tensor/context-parallel group read the same batches.
         process_index, num_processes = data_parallel_coordinates(

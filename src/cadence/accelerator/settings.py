@@ -13,6 +13,7 @@ from typing import Any
 from ..core.enums import DynamoBackend, RNGType
 from ..core.input_errors import rank_named_errors
 from ..core.settings import Resolved, resolve, resolve_flag
+from ..fault_tolerance.config import FaultToleranceConfig, resolve_fault_tolerance
 from ..options.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -50,6 +51,8 @@ class AcceleratorSettings:
     deepspeed_plugins: Any = None
     torch_tp_plugin: Any = None
     parallelism_config: Any = None
+    # Per-step fault tolerance (torchft) for this replica group, or None (off).
+    fault_tolerance: FaultToleranceConfig | None = None
     # Where the settings read from the launcher or the environment came from (printed in debug mode).
     sources: dict[str, Resolved] = field(default_factory=dict)
 
@@ -129,6 +132,7 @@ class AcceleratorSettings:
             deepspeed_plugins=parallel.deepspeed_plugins,
             torch_tp_plugin=args["torch_tp_plugin"],
             parallelism_config=parallel.parallelism_config,
+            fault_tolerance=resolve_fault_tolerance(handlers.get("FaultToleranceConfig"), launch),
             sources=sources,
         )
 

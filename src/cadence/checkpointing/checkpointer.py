@@ -243,10 +243,26 @@ class Checkpointer:
         return files
 
     def save_state(
-        self, output_dir: Any = None, safe_serialization: bool = True, **kwargs: Any
+        self,
+        output_dir: Any = None,
+        safe_serialization: bool = True,
+        writes: bool = True,
+        **kwargs: Any,
     ) -> str:
-        """Write everything into one atomically committed folder; returns its path (collective)."""
+        """Write everything into one atomically committed folder; returns its path (collective).
+
+        `writes=False` (a replica group that leaves the writing to another) writes nothing and
+        returns the folder the writing group uses, counting it as saved.
+        """
         async_save = bool(kwargs.pop("async_save", False))
+        if not writes:
+            config = self.project_config
+            if not config.automatic_checkpoint_naming:
+                return str(self._resolve_save_dir(output_dir))
+            # The writing group may have committed it already: named here, not checked.
+            final = checkpoints_dir(config.project_dir) / f"checkpoint_{config.iteration}"
+            config.iteration += 1
+            return str(final)
         self._claim_project_dir()
         final = self._resolve_save_dir(output_dir)
         self.wait_for_async_save()

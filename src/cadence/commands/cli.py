@@ -13,7 +13,8 @@ import sys
 
 # Add a module name here to add a command (e.g. "test", "merge").
 COMMAND_MODULES = (
-    "config_cmd", "env", "estimate", "launch", "merge_weights", "test_cmd", "to_fsdp2", "tpu",
+    "config_cmd", "env", "estimate", "launch", "lighthouse", "merge_weights", "test_cmd", "to_fsdp2",
+    "tpu",
 )  # fmt: skip
 
 

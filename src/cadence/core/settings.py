@@ -68,6 +68,9 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "stop_signal": ("stop_signal", ("CADENCE_STOP_SIGNAL",)),
     "stop_grace": ("stop_grace", ("CADENCE_STOP_GRACE",)),
     "process_group_timeout": ("process_group_timeout", ()),
+    # Per-step fault tolerance (torchft): the record `cadence launch --fault_tolerance` writes for
+    # each replica group; see cadence/fault_tolerance/config.py.
+    "fault_tolerance": ("fault_tolerance", ()),
     # XLA (torch_xla): CADENCE_USE_XLA=1 asks for it, 0 refuses it; the reference's USE_TORCH_XLA=0
     # refuses it too. PJRT_DEVICE (torch_xla's runtime) or a TPU VM's TPU_ACCELERATOR_TYPE wants it.
     "use_xla": ("use_xla", ("CADENCE_USE_XLA",)),

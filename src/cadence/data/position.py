@@ -118,11 +118,16 @@ def take_snapshot(loader: Any, with_global: bool) -> dict[str, Any]:
     return snapshot
 
 
+_OTHER_NAME = {"sampler": "synchronized", "synchronized": "sampler"}
+
+
 def restore_generators(loader: Any, snapshot: dict[str, Any]) -> None:
     """Restore the loader's random generators from `snapshot`; raise if one is missing."""
     generators = dict(named_generators(loader))
     for name, state in zip(snapshot["generator_names"], snapshot["generator_states"]):
-        generator = generators.get(name)
+        # The sampler's generator is "synchronized" on several processes and "sampler" on one: a
+        # state saved on another number of processes names it the other way.
+        generator = generators.get(name) or generators.get(_OTHER_NAME.get(name, ""))
         if generator is None:
             raise ValueError(
                 f"This dataloader state holds the state of a {name!r} random generator but the "

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..precision.choice import MIXED_PRECISION_CHOICES
+from .fault_tolerance_flags import add_fault_tolerance_flags
 
 DYNAMO_BACKENDS = (
     "no",
@@ -242,6 +243,7 @@ def build_launch_parser(
         type=float,
         help="Seconds between worker health checks (default: 0.1).",
     )
+    add_fault_tolerance_flags(parser, add)
     add(
         parser,
         "--module",

@@ -40,6 +40,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device_placement = device_placement
         self._is_overflow = False
         self._unscaled = False
+        # Fault tolerance (cadence/fault_tolerance) sets this: averages the gradients across the
+        # replica groups and returns whether the quorum committed the step.
+        self.step_gate: Any = None
         if device_placement:
             move_optimizer_state(optimizer, self.device)
 
@@ -125,6 +128,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._scale_gradients(factor)
         stop_notice.step_completed()  # a step boundary for the graceful stop (diagnostics/stop_notice)
         try:
+            if self.step_gate is not None:
+                self._is_overflow = not self.step_gate()  # an uncommitted step is a skipped step
+                if self._is_overflow:
+                    return None
             if self.scaler is None:
                 return (
                     self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -170,7 +177,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last `step` was skipped because the fp16 gradients overflowed."""
+        """Whether the last `step` was skipped: fp16 gradients overflowed, or (fault tolerance) the
+        quorum did not commit it."""
         return self._is_overflow
 
     @property

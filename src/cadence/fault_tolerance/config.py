@@ -1,0 +1,130 @@
+"""The fault-tolerance settings of one replica group: the plugin object and its one resolution."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..core.settings import resolve
+from ..options.dataclasses import KwargsHandler
+
+# Defaults that bring the survivors back to committing within about 2 s of a group's death: the
+# Lighthouse drops a group whose heartbeats stopped for `heartbeat_timeout` seconds, and forms the
+# next quorum at its next tick (0.1 s).
+DEFAULT_HEARTBEAT_TIMEOUT = 1.0
+DEFAULT_QUORUM_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_MAX_RESTARTS = 3
+
+
+def torchft_missing_message(what: str) -> str | None:
+    """None when torchft can be imported; otherwise the error to show for `what` (a flag, a class)."""
+    try:
+        found = importlib.util.find_spec("torchft") is not None
+    except (ImportError, ValueError):  # a blocked or half-imported torchft counts as missing
+        found = False
+    if found:
+        return None
+    return (
+        f"{what} needs torchft, which is not installed: pip install 'cadence[ft]' "
+        "(or pip install torchft==0.2.0)"
+    )
+
+
+@dataclass
+class FaultToleranceConfig(KwargsHandler):
+    """Per-step fault tolerance for this process's replica group (torchft).
+
+    Pass it in `Accelerator(kwargs_handlers=[FaultToleranceConfig(...)])`, or launch with
+    `cadence launch --fault_tolerance`, which hands the same fields to every worker.
+
+    Args:
+        lighthouse: address of torchft's Lighthouse (`http://HOST:PORT`).
+        replica_group: this group's index (0 .. replica_groups - 1).
+        replica_groups: how many groups the job has (names the groups in the quorum reports).
+        min_replicas: the fewest groups that may commit a step; with fewer, training waits.
+        heartbeat_timeout: seconds without a heartbeat after which a group counts as lost.
+        quorum_timeout: seconds a step waits for a quorum before the process fails (and its agent
+            restarts it).
+        timeout: seconds a cross-group collective or a heal transfer may take.
+        host: the address this group's torchft listeners bind to and advertise.
+    """
+
+    lighthouse: str | None = None
+    replica_group: int = 0
+    replica_groups: int | None = None
+    min_replicas: int = 1
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    quorum_timeout: float = DEFAULT_QUORUM_TIMEOUT
+    timeout: float = DEFAULT_TIMEOUT
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        problems = check_fields(self)
+        if problems:
+            raise ValueError("FaultToleranceConfig: " + "; ".join(problems))
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> FaultToleranceConfig:
+        """The config the launcher wrote into the launch record (unknown keys refused)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(record) - names)
+        if unknown:
+            raise ValueError(
+                f"the launch record's fault_tolerance has unknown keys {unknown}: the launcher and "
+                "the worker run different Cadence versions"
+            )
+        return cls(**record)
+
+    def to_record(self) -> dict[str, Any]:
+        """The fields as the launch record holds them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def check_fields(config: FaultToleranceConfig) -> list[str]:
+    """Every problem of `config`'s values, worded for the user."""
+    problems = []
+    if not config.lighthouse:
+        problems.append("lighthouse is required (the Lighthouse's http://HOST:PORT)")
+    if config.min_replicas < 1:
+        problems.append(f"min_replicas must be 1 or more, got {config.min_replicas}")
+    if config.replica_groups is not None:
+        if config.replica_groups < 1:
+            problems.append(f"replica_groups must be 1 or more, got {config.replica_groups}")
+        elif not 0 <= config.replica_group < config.replica_groups:
+            problems.append(
+                f"replica_group must be in 0..{config.replica_groups - 1}, got {config.replica_group}"
+            )
+        elif config.min_replicas > config.replica_groups:
+            problems.append(
+                f"min_replicas {config.min_replicas} is more than the {config.replica_groups} "
+                "replica groups: no step could ever commit"
+            )
+    if config.replica_group < 0:
+        problems.append(f"replica_group must be 0 or more, got {config.replica_group}")
+    for name in ("heartbeat_timeout", "quorum_timeout", "timeout"):
+        if not getattr(config, name) > 0:
+            problems.append(f"{name} must be more than 0 seconds, got {getattr(config, name)}")
+    return problems
+
+
+def resolve_fault_tolerance(
+    handler: FaultToleranceConfig | None, launch: dict[str, Any]
+) -> FaultToleranceConfig | None:
+    """The plugin passed in code, else the launch record's `fault_tolerance`, else None (off).
+
+    Refuses fault tolerance without torchft before anything starts.
+    """
+    found = resolve("fault_tolerance", explicit=handler, launch=launch)
+    if found.value is None:
+        return None
+    config = (
+        found.value
+        if isinstance(found.value, FaultToleranceConfig)
+        else FaultToleranceConfig.from_record(dict(found.value))
+    )
+    missing = torchft_missing_message("fault tolerance (FaultToleranceConfig / --fault_tolerance)")
+    if missing:
+        raise ImportError(missing)
+    return config

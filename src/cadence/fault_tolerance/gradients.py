@@ -1,0 +1,70 @@
+"""The cross-group gradient average: the gradients flattened into buckets, each averaged through
+torchft's `Manager.allreduce` (which leaves a failed collective to the commit vote)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+# As DDP's default bucket: large enough to amortise a collective, small enough to overlap copies.
+BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def gradient_buckets(
+    parameters: Iterable[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES
+) -> list[list[torch.Tensor]]:
+    """The parameters' gradients grouped by dtype and device, each group cut at `bucket_bytes`."""
+    groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    for parameter in parameters:
+        grad = parameter.grad
+        if grad is None:
+            continue
+        key = (grad.dtype, grad.device)
+        buckets = groups.setdefault(key, [[]])
+        nbytes = grad.numel() * grad.element_size()
+        if buckets[-1] and sizes.get(key, 0) + nbytes > bucket_bytes:
+            buckets.append([])
+            sizes[key] = 0
+        buckets[-1].append(grad)
+        sizes[key] = sizes.get(key, 0) + nbytes
+    return [bucket for buckets in groups.values() for bucket in buckets]
+
+
+def average_across_groups(
+    manager: Any, parameters: Iterable[torch.nn.Parameter], membership: torch.Tensor
+) -> torch.Tensor:
+    """Average the gradients of `parameters` over the quorum's participants, in place.
+
+    `membership` (this group's one-hot row) rides in the first float32 bucket, so the quorum's
+    members are learnt without a collective of their own; returns its average (member i has
+    1 / participants). All buckets are started before any is waited for.
+    """
+    buckets = gradient_buckets(parameters)
+    flats: list[torch.Tensor] = []
+    carried = False
+    for bucket in buckets:
+        flat = torch.cat([grad.reshape(-1) for grad in bucket])
+        if not carried and flat.dtype == torch.float32:
+            flat = torch.cat([flat, membership.to(flat.device)])
+            carried = True
+        flats.append(flat)
+    if not carried:
+        flats.append(membership.clone())
+    works = [manager.allreduce(flat) for flat in flats]
+    for work in works:
+        work.wait()
+    averaged_membership = None
+    for bucket, flat in zip(buckets, flats):
+        offset = 0
+        for grad in bucket:
+            count = grad.numel()
+            grad.copy_(flat[offset : offset + count].view_as(grad))
+            offset += count
+        if averaged_membership is None and flat.numel() > offset:
+            averaged_membership = flat[offset:].cpu()
+    if averaged_membership is None:
+        averaged_membership = flats[-1].cpu()
+    return averaged_membership

@@ -1,0 +1,365 @@
+"""One replica group's fault-tolerant training session on torchft's Manager.
+
+The session owns the Manager (this group's membership in the Lighthouse's quorums), the cross-group
+process group, the step's life (begin: quorum and heal; end: gradient average and commit vote), the
+state a healing group receives, and the reports of quorum changes. The façade's preparer hands it
+the prepared objects; nothing here reads the Accelerator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from .config import FaultToleranceConfig
+from .gradients import average_across_groups
+from .loader import CursorLoader, StepView
+
+# torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
+# clears them so its other ranks never read the previous incarnation's address.
+_MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
+
+
+def say(text: str) -> None:
+    """A quorum report: one line on stdout, flushed, with the prefix the launcher's lines carry."""
+    print(f"cadence fault tolerance: {text}", flush=True)
+
+
+@contextlib.contextmanager
+def _manager_server_bound_to(host: str) -> Iterator[None]:
+    """torchft 0.2.0's Manager starts its ManagerServer on `[::]` (every interface) and takes no
+    bind argument; Cadence's rule is that listeners bind to the address given, so while the Manager
+    is built its server class is replaced by one that binds `host` (port chosen by the system)."""
+    import torchft.manager as manager_module
+
+    original = manager_module.ManagerServer
+
+    def bound(**kwargs: Any) -> Any:
+        kwargs["bind"] = f"{host}:0" if ":" not in host else f"[{host}]:0"
+        return original(**kwargs)
+
+    manager_module.ManagerServer = bound  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        manager_module.ManagerServer = original
+
+
+class FaultTolerantSession:
+    """This replica group's side of the quorum (see the module docstring).
+
+    Args:
+        config: the resolved fault-tolerance settings.
+        device: this process's device (the cross-group backend follows it: gloo on CPU, NCCL on CUDA).
+        group_rank / group_world_size: this process's rank and the process count of its group.
+        group_barrier: waits for every rank of the group (None with one process).
+    """
+
+    def __init__(
+        self,
+        config: FaultToleranceConfig,
+        *,
+        device: torch.device,
+        group_rank: int,
+        group_world_size: int,
+        group_barrier: Callable[[], None] | None,
+    ) -> None:
+        from torchft.checkpointing.pg_transport import PGTransport
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+        if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+            raise RuntimeError(
+                "fault tolerance needs the replica group's store (MASTER_ADDR / MASTER_PORT): start "
+                "the script with `cadence launch --fault_tolerance ...`"
+            )
+        self.config = config
+        self.group_rank = group_rank
+        self.group_world_size = group_world_size
+        timeout = timedelta(seconds=config.timeout)
+        pg = ProcessGroupNCCL(timeout) if device.type == "cuda" else ProcessGroupGloo(timeout)
+        # The heal travels over the cross-group process group: no extra listener (torchft's HTTP
+        # transport would listen on every interface).
+        transport = PGTransport(pg, timeout=timeout, device=device)
+        if group_barrier is not None:
+            if group_rank == 0:
+                store = torch.distributed.distributed_c10d._get_default_store()
+                for key in _MANAGER_STORE_KEYS:
+                    store.delete_key(key)
+            group_barrier()
+        with _manager_server_bound_to(config.host):
+            self.manager = Manager(
+                pg=pg,
+                load_state_dict=None,
+                state_dict=None,
+                min_replica_size=config.min_replicas,
+                # The quorum (and a heal) completes before the step's forward pass, so a healed
+                # group trains that very step on its peer's weights and data position.
+                use_async_quorum=False,
+                timeout=timeout,
+                quorum_timeout=timedelta(seconds=config.quorum_timeout),
+                connect_timeout=timeout,
+                rank=group_rank,
+                world_size=group_world_size,
+                lighthouse_addr=config.lighthouse,
+                replica_id=f"cadence_group_{config.replica_group}",
+                hostname=config.host,
+                checkpoint_transport=transport,
+            )
+        self.manager.register_state_dict_fn("cadence", self._load_state, self._state)
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[Any] = []
+        self.schedulers: list[Any] = []
+        self.loaders: list[CursorLoader] = []
+        self._view: StepView | None = None
+        self._begun_by_loader = False
+        self._healed_from: int | None = None
+        self._members: frozenset[int] | None = None
+        self.discarded_steps = 0
+        self.committed_steps = 0
+
+    # -- what a healing group receives ----------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        import numpy  # torch depends on it
+
+        return {
+            "group": self.config.replica_group,
+            "models": [_unwrap(model).state_dict() for model in self.models],
+            "optimizers": [optimizer.optimizer.state_dict() for optimizer in self.optimizers],
+            "schedulers": [scheduler.scheduler.state_dict() for scheduler in self.schedulers],
+            "loaders": [loader.state_dict() for loader in self.loaders],
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "numpy": numpy.random.get_state(),
+            },
+        }
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        import numpy
+
+        for model, weights in zip(self.models, state["models"]):
+            _unwrap(model).load_state_dict(weights)
+        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
+            optimizer.load_state_dict(optimizer_state)
+        for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
+            scheduler.scheduler.load_state_dict(scheduler_state)
+        for loader, position in zip(self.loaders, state["loaders"]):
+            loader.load_state_dict(position)
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        numpy.random.set_state(state["rng"]["numpy"])
+        self._healed_from = int(state["group"])
+
+    # -- one step -------------------------------------------------------------------------------
+    def begin_step(self, by_loader: bool = True) -> StepView:
+        """Open the step: wait for the quorum (healing from a peer when behind); idempotent."""
+        if self._view is not None:
+            return self._view
+        step = self.manager.current_step()
+        waiting = threading.Timer(
+            max(2.0, 3 * self.config.heartbeat_timeout), self._say_waiting, args=(step,)
+        )
+        waiting.daemon = True
+        waiting.start()
+        try:
+            self.manager.start_quorum()
+            self._wait_for_every_group()
+        except Exception as error:
+            raise RuntimeError(
+                f"replica group {self.config.replica_group}: no quorum within "
+                f"{self.config.quorum_timeout:g} s at step {step} (fewer than min_replicas="
+                f"{self.config.min_replicas} groups alive, or the Lighthouse at "
+                f"{self.config.lighthouse} unreachable); this process stops and its agent "
+                f"restarts it: {error}"
+            ) from error
+        finally:
+            waiting.cancel()
+        if self._healed_from is not None and self.group_rank == 0:
+            say(
+                f"group {self.config.replica_group} healed from group {self._healed_from} "
+                f"at step {self.manager.current_step()}"
+            )
+        healed, self._healed_from = self._healed_from is not None, None
+        if healed and not by_loader:
+            # The gradients of this step were computed before the heal replaced the weights.
+            self.manager.report_error(
+                RuntimeError("healed after the gradients were computed; step discarded")
+            )
+        replica_rank = self.manager.participating_rank() or 0
+        participants = self.manager.num_participants()
+        self._view = StepView(
+            participants=participants * self.group_world_size,
+            index=replica_rank * self.group_world_size + self.group_rank,
+        )
+        return self._view
+
+    def _wait_for_every_group(self) -> None:
+        """Before the job's first commit, quorum again until every group of the job is in it.
+
+        A group that started late would otherwise find the others' steps committed without it (or
+        the others finished) and, with no peer ahead to heal from, train the same samples again.
+        Bounded by the quorum timeout; past it the groups present go on (and say so)."""
+        groups = self.config.replica_groups
+        if not groups or self.manager.current_step() != 0:
+            return
+        deadline = time.monotonic() + self.config.quorum_timeout
+        said = False
+        while self.manager.num_participants() < groups:  # bounded by the deadline
+            if time.monotonic() > deadline:
+                if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+                    # A restarted group alone at the job's step 0: the others finished (or are
+                    # gone for good); training the epoch from its start would repeat their steps.
+                    raise RuntimeError(
+                        f"replica group {self.config.replica_group} restarted but found no other "
+                        f"group within {self.config.quorum_timeout:g} s: they finished, or are "
+                        "gone, and nobody is ahead of it to heal from, so it does not train the "
+                        "epoch again from its start. Restart the job from its last checkpoint "
+                        "if training is not complete"
+                    )
+                if self.group_rank == 0:
+                    say(
+                        f"replica group {self.config.replica_group} starts with "
+                        f"{self.manager.num_participants()} of {groups} groups after "
+                        f"{self.config.quorum_timeout:g} s (the others heal when they join)"
+                    )
+                return
+            if not said and self.group_rank == 0:
+                say(
+                    f"replica group {self.config.replica_group} waits for all {groups} groups "
+                    "to start before the first step"
+                )
+                said = True
+            time.sleep(0.2)
+            self.manager.start_quorum()
+
+    def _say_waiting(self, step: int) -> None:
+        if self.group_rank == 0:
+            say(
+                f"replica group {self.config.replica_group} waits for a quorum at step {step}: "
+                f"fewer than min_replicas={self.config.min_replicas} groups are alive (or the "
+                f"Lighthouse at {self.config.lighthouse} is unreachable); training resumes when "
+                f"enough groups are back, or fails after {self.config.quorum_timeout:g} s"
+            )
+
+    def commit(self, parameters: list[torch.nn.Parameter]) -> bool:
+        """Average the gradients across the quorum and vote; True when the step commits."""
+        self.begin_step(by_loader=False)
+        groups = self.config.replica_groups or 0
+        membership = torch.zeros(max(groups, 1), dtype=torch.float32)
+        if groups:
+            membership[self.config.replica_group] = 1.0
+        averaged = average_across_groups(self.manager, parameters, membership)
+        committed = self.manager.should_commit()
+        participants = self.manager.num_participants()
+        self._view = None
+        for loader in self.loaders:
+            loader.end_step(committed)
+        step = self.manager.current_step()
+        if committed:
+            self.committed_steps += 1
+            if groups:
+                self._note_members(averaged * participants, step)
+        else:
+            self.discarded_steps += 1
+            if self.group_rank == 0:
+                error = self.manager.errored()
+                why = f": {str(error.original_exception).splitlines()[0]}" if error else ""
+                say(
+                    f"replica group {self.config.replica_group} discarded step {step} "
+                    f"({participants} of min {self.config.min_replicas} groups{why}); "
+                    "its samples are drawn again"
+                )
+        return committed
+
+    def _note_members(self, counts: torch.Tensor, step: int) -> None:
+        members = frozenset(int(i) for i in torch.nonzero(counts.round() >= 1).flatten().tolist())
+        before, self._members = self._members, members
+        if before is None or before == members or self.group_rank != 0:
+            return
+        if min(members) != self.config.replica_group:  # one group reports, not every survivor
+            return
+        total = self.config.replica_groups
+        for lost in sorted(before - members):
+            say(
+                f"replica group {lost} lost at step {step}; {len(members)} of {total} groups training"
+            )
+        for joined in sorted(members - before):
+            say(
+                f"replica group {joined} joined at step {step}; {len(members)} of {total} groups training"
+            )
+
+    # -- the prepared objects, handed over by the preparer ------------------------------------------
+    def attach_model(self, model: torch.nn.Module) -> None:
+        """A prepared model: its weights travel to a healing group."""
+        self.models.append(model)
+
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """The prepared optimizer: it steps only when the quorum commits (its `step_gate`)."""
+        if self.optimizers:
+            raise ValueError(
+                "fault tolerance commits one optimizer step per training step: prepare a single "
+                "optimizer (put several parameter groups in it)"
+            )
+        self.optimizers.append(optimizer)
+
+        def gate() -> bool:
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            return self.commit(parameters)
+
+        optimizer.step_gate = gate
+
+    def attach_scheduler(self, scheduler: Any) -> None:
+        """A prepared scheduler: it follows committed steps (the optimizer's skip flag); its state
+        travels to a healing group."""
+        self.schedulers.append(scheduler)
+
+    def wrap_loader(
+        self, data_loader: Any, device: torch.device | None, gradient_state: Any = None
+    ) -> CursorLoader:
+        """The exactly-once loader over `data_loader`'s dataset (see loader.py)."""
+        loader = CursorLoader(data_loader, device, self.begin_step, gradient_state)
+        self.loaders.append(loader)
+        return loader
+
+    def check_gather_for_metrics(self, active_loader: Any, process_index: int) -> None:
+        """Refuse `gather_for_metrics` over a fault-tolerant loader of a job of several groups:
+        its batches are cut over every group's ranks, the gather reaches this group's only, so
+        the result would silently miss the other groups' samples."""
+        if (self.config.replica_groups or 2) < 2:
+            return
+        if not any(active_loader is loader for loader in self.loaders):
+            return
+        raise RuntimeError(
+            f"process {process_index} of replica group {self.config.replica_group}: "
+            "gather_for_metrics over a DataLoader prepared under fault tolerance would gather "
+            "only this group's share of its batches (the exactly-once cursor cuts them over all "
+            "the groups' ranks). Evaluate on a DataLoader you do not prepare, split by "
+            "accelerator.process_index / accelerator.num_processes: gather_for_metrics then "
+            "gathers it whole over this group's ranks (docs: Training through failures, limits)"
+        )
+
+    def writes_checkpoints(self) -> bool:
+        """Whether this group writes `save_state` (the first participating group of the last
+        quorum; every group holds the same committed state, so one writes it)."""
+        if self.committed_steps + self.discarded_steps == 0 and self._view is None:
+            return self.config.replica_group == 0  # no quorum yet: every group holds the start
+        return self.manager.participating_rank() == 0
+
+    def shutdown(self) -> None:
+        """Leave the quorum: stop this group's torchft servers."""
+        self.manager.shutdown(wait=False)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model

@@ -1,0 +1,143 @@
+"""A fault-tolerant training script for tests/test_fault_tolerance.py (run by `cadence launch
+--fault_tolerance`). Writes, per replica group, a ledger line per step: the incarnation, whether the
+step committed, and the sample ids this rank trained; at the end the final weights.
+
+Environment knobs: FT_OUT (folder), FT_KILL_GROUP / FT_KILL_AT (SIGKILL that group's first
+incarnation before drawing that step's batch), FT_SAMPLES, FT_BATCH, FT_SLOW_ALONE (seconds to
+sleep per step while fewer groups than the job's train, so a restarted group can return),
+FT_KILL_IN_ALLREDUCE (with FT_KILL_GROUP / FT_KILL_AT: the victim SIGKILLs itself inside the
+gradient all-reduce, after its collective started), FT_SAVE_DEGRADED (save_state into FT_OUT/ckpt
+at the first step committed with fewer groups than the job's after the kill), FT_RESUME (load_state from there
+first; the script also runs under a plain `cadence launch`, as one group), FT_ACCUM (gradient
+accumulation steps), FT_MLP (an MLP of that width instead of the linear model).
+"""
+
+import json
+import os
+import signal
+import time
+
+import torch
+
+from cadence import Accelerator
+
+
+class Indexed(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 4, generator=generator)
+        self.y = self.x.sum(dim=1, keepdim=True)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return i, self.x[i], self.y[i]
+
+
+def main() -> None:
+    out = os.environ["FT_OUT"]
+    ft = json.loads(os.environ["CADENCE_LAUNCH_CONFIG"]).get("fault_tolerance")
+    group, groups = (ft["replica_group"], ft["replica_groups"]) if ft else (0, 1)
+    incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    kill_group = int(os.environ.get("FT_KILL_GROUP", "-1"))
+    kill_at = int(os.environ.get("FT_KILL_AT", "-1"))
+    slow_alone = float(os.environ.get("FT_SLOW_ALONE", "0"))
+    if incarnation > 0:
+        with open(os.path.join(out, f"restarted.{group}"), "w") as f:
+            f.write(str(time.time()))
+    if incarnation > 0:  # a slow restart, so the survivors are seen waiting (FT_RESTART_DELAY)
+        time.sleep(float(os.environ.get("FT_RESTART_DELAY", "0")))
+    torch.manual_seed(0)
+    if os.environ.get("FT_MLP"):  # the benchmark's model: an MLP of FT_MLP hidden units
+        hidden = int(os.environ["FT_MLP"])
+        model = torch.nn.Sequential(
+            torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+            torch.nn.ReLU(), torch.nn.Linear(hidden, 1),
+        )  # fmt: skip
+    else:
+        model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
+    loader = torch.utils.data.DataLoader(
+        Indexed(int(os.environ.get("FT_SAMPLES", "64"))),
+        batch_size=int(os.environ.get("FT_BATCH", "2")),
+        shuffle=True,
+        generator=torch.Generator().manual_seed(1),
+    )
+    accelerator = Accelerator(
+        cpu=True, gradient_accumulation_steps=int(os.environ.get("FT_ACCUM", "1"))
+    )
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    if os.environ.get("FT_RESUME"):
+        accelerator.load_state(os.environ["FT_RESUME"])
+    session = accelerator._fault_tolerance  # the test hook below reaches torchft's Manager
+    if session is not None and os.environ.get("FT_KILL_IN_ALLREDUCE"):
+        allreduce = session.manager.allreduce
+
+        def allreduce_then_die(tensor, *args, **kwargs):
+            work = allreduce(tensor, *args, **kwargs)  # the collective is under way
+            if group == kill_group and incarnation == 0 and steps == kill_at:
+                # Whether this step commits is the survivors' to say: the test reads their ledger.
+                killed = {"killed_in_allreduce": True, "ids": loader.last_indices}
+                ledger.write(json.dumps(killed) + "\n")
+                ledger.close()
+                with open(os.path.join(out, "killed_at"), "w") as f:
+                    f.write(str(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return work
+
+        session.manager.allreduce = allreduce_then_die
+    saved = False
+    ledger = open(os.path.join(out, f"ledger.{group}.{accelerator.process_index}.jsonl"), "a")
+    steps = 0
+    in_allreduce = bool(os.environ.get("FT_KILL_IN_ALLREDUCE"))
+    for ids, x, y in loader:  # bounded: the loader ends when the epoch's cursor is at its end
+        if not in_allreduce and group == kill_group and incarnation == 0 and steps == kill_at:
+            ledger.close()
+            with open(os.path.join(out, "killed_at"), "w") as f:
+                f.write(str(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if ft and steps == 0 and incarnation == 0:  # refused over the fault-tolerant loader
+            try:
+                accelerator.gather_for_metrics(y)
+            except RuntimeError as error:
+                with open(os.path.join(out, f"gather_refused.{group}"), "w") as f:
+                    f.write(str(error))
+        with accelerator.accumulate(model):  # FT_ACCUM micro-batches per optimizer step
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        steps += 1
+        participants = loader.participants if ft else accelerator.num_processes
+        record = {
+            "incarnation": incarnation,
+            "committed": not accelerator.optimizer_step_was_skipped,
+            "synced": accelerator.sync_gradients,  # the window's last micro-batch
+            "ids": ids.tolist(),
+            "participants": participants,
+            "step": scheduler.scheduler.last_epoch,  # committed steps so far
+            "lr": scheduler.get_last_lr()[0],
+            "t": time.time(),
+        }
+        ledger.write(json.dumps(record) + "\n")
+        ledger.flush()
+        degraded = record["committed"] and participants < groups
+        degraded = degraded and os.path.exists(os.path.join(out, "killed_at"))  # after the kill
+        if os.environ.get("FT_SAVE_DEGRADED") and degraded and not saved:
+            accelerator.save_state(os.path.join(out, "ckpt"))
+            saved = True
+            ledger.write(json.dumps({"saved_at_step": record["step"]}) + "\n")
+            ledger.flush()
+        if slow_alone and participants < groups:
+            time.sleep(slow_alone)
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    with open(os.path.join(out, f"weights.{group}.{accelerator.process_index}.json"), "w") as f:
+        json.dump({"weights": weights, "incarnation": incarnation, "steps": steps}, f)
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Per-step fault tolerance on torchft (issue 36): real `cadence launch --fault_tolerance` runs on
+loopback, each bounded by a subprocess timeout; assertions on counts, steps and weights only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "ft_scripts" / "ft_train.py"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def _launch(
+    out: Path, *flags: str, timeout: int = 240, **knobs: str
+) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "cadence.commands.cli", "launch", "--cpu", *flags, str(SCRIPT)]
+    return subprocess.run(
+        argv, env=_env(FT_OUT=str(out), **knobs), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _lines(out: Path, group: int) -> list[dict]:
+    path = out / f"ledger.{group}.0.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ledger(out: Path, group: int) -> list[dict]:
+    """The step records of `group` (the save markers left out)."""
+    return [r for r in _lines(out, group) if "committed" in r]
+
+
+def _weights(out: Path, group: int) -> list[float]:
+    return json.loads((out / f"weights.{group}.0.json").read_text())["weights"]
+
+
+def _committed_ids(out: Path, groups: int) -> list[int]:
+    return sorted(
+        i for g in range(groups) for r in _ledger(out, g) if r["committed"] for i in r["ids"]
+    )
+
+
+def _check_run(
+    result: subprocess.CompletedProcess, out: Path, samples: int, extra: tuple[int, ...] = ()
+) -> None:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Every sample of the epoch trained exactly once, across the kill and the heal.
+    assert sorted(_committed_ids(out, 2) + list(extra)) == list(range(samples))
+    # The survivor never restarted; the killed group came back as a second incarnation.
+    assert {r["incarnation"] for r in _ledger(out, 0)} == {0}
+    assert {r["incarnation"] for r in _ledger(out, 1)} == {0, 1}
+    # After the heal both groups hold the same weights.
+    assert _weights(out, 0) == _weights(out, 1)
+
+
+SAMPLES = 96
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One run shared by several tests: two groups, group 1 SIGKILLed between steps 4 and 5 and
+    restarted by its agent; the survivor saves a checkpoint at its first step trained alone."""
+    pytest.importorskip("torchft")
+    out = tmp_path_factory.mktemp("killed")
+    result = _launch(
+        out, "--fault_tolerance", "--replica_groups", "2", "--nproc_per_node", "1",
+        FT_SAMPLES=str(SAMPLES), FT_KILL_GROUP="1", FT_KILL_AT="4", FT_SLOW_ALONE="1.0",
+        FT_SAVE_DEGRADED="1",
+    )  # fmt: skip
+    _check_run(result, out, SAMPLES)
+    return out, result.stdout + result.stderr
+
+
+def test_group_killed_between_steps_survivor_continues_and_heal_matches(
+    killed_run: tuple[Path, str],
+) -> None:
+    tmp_path, text = killed_run
+    survivor = _ledger(tmp_path, 0)
+    assert sum(not r["committed"] for r in survivor) <= 1  # at most one step discarded
+    assert any(r["participants"] == 1 and r["committed"] for r in survivor)  # trained alone
+    assert "replica group 1 lost at step" in text and "1 of 2 groups training" in text
+    assert "group 1 healed from group 0 at step" in text
+    # gather_for_metrics over the cursor's loader would miss the other group's samples: refused.
+    refused = (tmp_path / "gather_refused.0").read_text()
+    assert "process 0 of replica group 0: gather_for_metrics" in refused
+    # The scheduler followed committed steps only: the same learning rate on both at the end.
+    assert survivor[-1]["lr"] == _ledger(tmp_path, 1)[-1]["lr"]
+
+
+def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
+    killed_run: tuple[Path, str],
+) -> None:
+    """Replay, in this process, each committed step of the ledger: the same samples per
+    participant, gradients averaged over the step's participants, SGD and the scheduler stepped
+    once; the run's final weights (after a kill, a degraded stretch and a heal) are the replay's."""
+    import importlib.util
+
+    import torch
+
+    out, _ = killed_run
+    spec = importlib.util.spec_from_file_location("ft_train", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    data = script.Indexed(SAMPLES)
+    steps: dict[int, list[dict]] = {}
+    for group in (0, 1):
+        for record in _ledger(out, group):
+            if record["committed"]:
+                steps.setdefault(record["step"], []).append(record)
+    assert sorted(steps) == list(range(1, len(steps) + 1))  # no committed step missing
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
+    for step in sorted(steps):
+        records = steps[step]
+        assert {r["participants"] for r in records} == {len(records)}  # every participant logged
+        total = [torch.zeros_like(p) for p in model.parameters()]
+        for record in records:
+            model.zero_grad()
+            ids = torch.tensor(record["ids"])
+            torch.nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
+            total = [t + p.grad for t, p in zip(total, model.parameters())]
+        for parameter, summed in zip(model.parameters(), total):
+            parameter.grad = summed / len(records)
+        optimizer.step()
+        scheduler.step()
+    replay = torch.cat([p.detach().flatten() for p in model.parameters()])
+    final = torch.tensor(_weights(out, 0))
+    torch.testing.assert_close(final, replay, rtol=1e-5, atol=1e-6)
+
+
+def _saved_step(out: Path) -> int:
+    marks = [r["saved_at_step"] for g in (0, 1) for r in _lines(out, g) if "saved_at_step" in r]
+    assert len(marks) == 1, marks  # one group wrote the checkpoint
+    return marks[0]
+
+
+@pytest.mark.parametrize("fault_tolerant", [False, True], ids=["plain", "fault_tolerant"])
+def test_checkpoint_saved_while_degraded_resumes_exactly(
+    killed_run: tuple[Path, str], tmp_path: Path, fault_tolerant: bool
+) -> None:
+    """A full restart (with or without fault tolerance) from the checkpoint the survivor wrote
+    while training alone trains the rest of the epoch: with the steps committed before the save,
+    every sample exactly once."""
+    out, _ = killed_run
+    saved = _saved_step(out)
+    assert (out / "ckpt").is_dir()
+    before = [
+        i for g in (0, 1) for r in _ledger(out, g) if r["committed"] and r["step"] <= saved
+        for i in r["ids"]
+    ]  # fmt: skip
+    flags = (
+        ["--fault_tolerance", "--replica_groups", "2"]
+        if fault_tolerant
+        else ["--num_processes", "1"]
+    )
+    result = _launch(tmp_path, *flags, FT_SAMPLES=str(SAMPLES), FT_RESUME=str(out / "ckpt"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    after = _committed_ids(tmp_path, 2 if fault_tolerant else 1)
+    assert sorted(before + after) == list(range(SAMPLES))
+    assert _ledger(tmp_path, 0)[0]["step"] == saved + 1  # the step count resumed too
+
+
+def test_group_killed_during_gradient_allreduce_survivor_continues(tmp_path: Path) -> None:
+    """Group 1 SIGKILLs itself inside the bucketed all-reduce, its collective under way (a hook
+    in the training script around torchft's Manager.allreduce): the survivor never restarts,
+    discards at most that step, commits the next one, and the group restarted heals."""
+    pytest.importorskip("torchft")
+    samples = 96  # the survivor, sleeping 1 s a step alone, outlasts a slow restart
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "2",
+        FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="3", FT_KILL_IN_ALLREDUCE="1",
+        FT_SLOW_ALONE="1.0",
+    )  # fmt: skip
+    killed = [r for r in _lines(tmp_path, 1) if r.get("killed_in_allreduce")]
+    assert len(killed) == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    # The victim's samples count when the survivor committed the step they were averaged in.
+    kill_time = float((tmp_path / "killed_at").read_text())
+    survivor = _ledger(tmp_path, 0)
+    concurrent = min((r for r in survivor if r["t"] >= kill_time), key=lambda r: r["t"])
+    together = concurrent["committed"] and concurrent["participants"] == 2
+    _check_run(result, tmp_path, samples, extra=tuple(killed[0]["ids"]) if together else ())
+    discarded = [i for i, r in enumerate(survivor) if not r["committed"]]
+    assert len(discarded) <= 1
+    if discarded:  # the next step commits (alone, or with the healed group)
+        assert survivor[discarded[0] + 1]["committed"]
+    assert "replica group 1 lost at step" in result.stdout + result.stderr
+
+
+def _windows(out: Path, group: int) -> list[tuple[bool, list[int]]]:
+    """(committed, sample ids) of each accumulation window of `group`'s ledger."""
+    windows, ids, incarnation = [], [], 0
+    for record in _ledger(out, group):
+        if record["incarnation"] != incarnation:  # a killed process's open window is gone
+            ids, incarnation = [], record["incarnation"]
+        ids += record["ids"]
+        if record["synced"]:
+            windows.append((record["committed"], ids))
+            ids = []
+    assert not ids, "a window never stepped: its samples were silently dropped"
+    return windows
+
+
+def test_fewer_tail_samples_than_ranks_is_refused() -> None:
+    """The exactly-once loader itself (no process group): a tail shorter than the participating
+    ranks is a clear error on every rank; a longer one is shared out, one sample apart at most."""
+    import torch
+
+    from cadence.fault_tolerance.loader import CursorLoader, StepView
+
+    def ranks_of(samples: int, participants: int) -> list[list[int]]:
+        shares = []
+        for index in range(participants):
+            data = torch.utils.data.DataLoader(list(range(samples)), batch_size=2)
+            loader = CursorLoader(data, None, lambda i=index: StepView(participants, i))
+            shares.append(next(iter(loader)).tolist())
+        return shares
+
+    assert ranks_of(5, 4) == [[0, 1], [2], [3], [4]]
+    with pytest.raises(RuntimeError, match="last 3 samples are fewer than the participating ranks"):
+        ranks_of(3, 4)
+
+
+def test_min_replicas_above_survivors_waits_then_resumes_through_accumulation_windows(
+    tmp_path: Path,
+) -> None:
+    """min_replicas=2, 3 micro-batches per optimizer step, group 1 SIGKILLed inside a window and
+    restarted 6 s later: the survivor commits nothing alone, says why it waits, and resumes when
+    the group is back. 42 samples at 4 per micro-step: after three whole windows the epoch ends in
+    a window of two micro-batches whose last is the tail shared out one sample per group; it steps
+    (the loader marks the end of the dataloader) and commits. Every sample exactly once."""
+    pytest.importorskip("torchft")
+    samples = 42
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "2", "--min_replicas", "2",
+        FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="4", FT_RESTART_DELAY="6",
+        FT_ACCUM="3",
+    )  # fmt: skip
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-6000:]
+    ids = sorted(i for g in (0, 1) for ok, window in _windows(tmp_path, g) if ok for i in window)
+    assert ids == list(range(samples))
+    survivor = _ledger(tmp_path, 0)
+    assert {r["incarnation"] for r in survivor} == {0}
+    assert {r["incarnation"] for r in _ledger(tmp_path, 1)} == {0, 1}
+    # No step ever committed with fewer than two groups.
+    assert all(r["participants"] == 2 for r in survivor if r["committed"] and r["synced"])
+    assert "waits for a quorum" in text and "min_replicas=2" in text
+    last = survivor[-2:]  # the shorter last window: two micro-batches, the second the tail
+    assert [r["synced"] for r in last] == [False, True] and len(last[-1]["ids"]) == 1
+    assert last[-1]["committed"]
+    assert _weights(tmp_path, 0) == _weights(tmp_path, 1)
+
+
+def test_group_returning_after_the_others_finished_does_not_train_again(tmp_path: Path) -> None:
+    """Group 1 killed, restarted only after the survivor finished the epoch: alone at the job's
+    step 0 with nobody to heal from, it refuses (clear message) instead of training every sample
+    again."""
+    pytest.importorskip("torchft")
+    samples = 16
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "2", "--quorum_timeout", "4",
+        "--max_restarts", "1",
+        FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="2", FT_RESTART_DELAY="8",
+    )  # fmt: skip
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "restarted but found no other group within 4 s" in text, text[-4000:]
+    assert {r["incarnation"] for r in _ledger(tmp_path, 1)} == {0}  # never trained again
+    assert _committed_ids(tmp_path, 2) == list(range(samples))
+
+
+def _refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """`cadence launch` in this process (its parser and plan checks): refused with code 2."""
+    from cadence.commands.cli import main
+
+    code = main(["launch", "--cpu", *argv, str(SCRIPT)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Nothing was started" in err
+    return err
+
+
+def test_fault_tolerance_without_torchft_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "torchft", None)  # as if not installed
+    monkeypatch.setenv("FT_OUT", str(tmp_path))
+    err = _refusal(["--fault_tolerance", "--replica_groups", "2"], capsys)
+    assert "--fault_tolerance needs torchft, which is not installed" in err
+    assert "pip install 'cadence[ft]'" in err
+    assert not list(tmp_path.iterdir())  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--fault_tolerance"], "--fault_tolerance needs --replica_groups G"),
+        (["--fault_tolerance", "--replica_group", "1"], "pass --lighthouse HOST:PORT too"),
+        (["--fault_tolerance", "--lighthouse", "127.0.0.1:1"], "--lighthouse needs --replica_group"),
+        (["--fault_tolerance", "--replica_groups", "2", "--min_replicas", "3"], "no step could ever commit"),
+        (["--fault_tolerance", "--replica_groups", "2", "--heartbeat_timeout", "0"], "heartbeat_timeout must be more than 0"),
+    ],
+)  # fmt: skip
+def test_bad_fault_tolerance_flags_are_refused_before_start(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torchft")
+    assert message in _refusal(flags, capsys)
+
+
+def test_refusal_through_the_real_command_line(tmp_path: Path) -> None:
+    """The one refusal run as a user runs it: the `cadence` CLI in its own process."""
+    result = _launch(tmp_path, "--replica_groups", "2", timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "need --fault_tolerance" in result.stderr and "Nothing was started" in result.stderr
+    assert not [p for p in tmp_path.iterdir()]  # no ledger: no worker ran
+
+
+def test_fault_tolerance_config_in_code_is_checked() -> None:
+    from cadence.fault_tolerance import FaultToleranceConfig
+
+    with pytest.raises(ValueError, match="lighthouse is required"):
+        FaultToleranceConfig()
+    with pytest.raises(ValueError, match="replica_group must be in 0..1"):
+        FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_group=2, replica_groups=2)
+    config = FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_groups=2)
+    assert FaultToleranceConfig.from_record(config.to_record()) == config
