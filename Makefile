@@ -17,7 +17,7 @@ $(DEMO_STAMP): pyproject.toml
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers,deepspeed,docs]'
+	$(PY) -m pip install -q torch==2.13.0 -e '.[test,trackers,deepspeed,docs,ft]'
 	$(PY) -m pip uninstall -q -y accelerate
 	touch $(STAMP)
 
