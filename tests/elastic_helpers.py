@@ -289,3 +289,21 @@ def children(pid: int) -> list[int]:
         if len(fields) > 1 and fields[1] == str(pid):
             found.append(int(entry.name))
     return found
+
+
+def launch_local(workdir: Path, processes: int, mode: str) -> list[dict]:
+    """Run `workdir/train.py MODE WORKDIR` on `processes` local CPU processes through `cadence launch`
+    (a clean environment); returns the JSON record each rank wrote as `MODE-PROCESSES-RANK.json`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CADENCE_", "PET_"))}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [*CADENCE, "launch", "--cpu", "--num_processes", str(processes),
+         str(workdir / "train.py"), mode, str(workdir)],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [
+        json.loads((workdir / f"{mode}-{processes}-{r}.json").read_text()) for r in range(processes)
+    ]

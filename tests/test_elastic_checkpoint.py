@@ -10,19 +10,14 @@ merged per-worker folders ends bit-identical to the uninterrupted run.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from elastic_helpers import launch_local
 
 from cadence.checkpointing import CheckpointError, read_manifest
 
-CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 SIZE = 112  # batch 4: 16 samples after 2 steps on 2 processes, 96 left (a multiple of 4 * M)
 
 SCRIPT = textwrap.dedent(
@@ -79,27 +74,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def launch(workdir: Path, processes: int, mode: str) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CADENCE_", "PET_"))}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    result = subprocess.run(
-        [*CADENCE, "launch", "--cpu", "--num_processes", str(processes),
-         str(workdir / "train.py"), mode, str(workdir)],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [
-        json.loads((workdir / f"{mode}-{processes}-{r}.json").read_text()) for r in range(processes)
-    ]
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("elastic")
     (workdir / "train.py").write_text(SCRIPT)
-    reports = launch(workdir, 2, "save")
+    reports = launch_local(workdir, 2, "save")
     merged = workdir / "merged"
     merged.mkdir()
     for rank in range(2):  # what Ray (or any uploader of per-worker folders) does: a plain union
@@ -144,7 +123,7 @@ def test_a_missing_rank_file_is_an_error_naming_it(saved, tmp_path):
 
 def test_merged_per_worker_checkpoint_resumes_bit_identical(saved):
     workdir, uninterrupted = saved
-    resumed = launch(workdir, 2, "merged")
+    resumed = launch_local(workdir, 2, "merged")
     for before, after in zip(uninterrupted, resumed):
         assert after["equal_after_load"]
         assert before["seen_at_save"] + after["seen"] == before["seen"]
@@ -154,7 +133,7 @@ def test_merged_per_worker_checkpoint_resumes_bit_identical(saved):
 @pytest.mark.parametrize("processes", [1, 3, 4])
 def test_resume_on_another_number_of_processes(saved, processes):
     workdir, uninterrupted = saved
-    resumed = launch(workdir, processes, "shared")
+    resumed = launch_local(workdir, processes, "shared")
     assert all(r["equal_after_load"] for r in resumed)
     before = [s for r in uninterrupted for s in r["seen_at_save"]]
     after = [s for r in resumed for s in r["seen"]]

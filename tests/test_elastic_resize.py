@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from elastic_helpers import start_node, stop_all, wait_until
+from elastic_helpers import launch_local, start_node, stop_all, wait_until
 
 from harness import free_port
 
-CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 SIZE, BATCH, SAVED_AFTER, ACCUMULATION = 96, 4, 4, 3
 
 # The script: set_seed(0), a TensorDataset, DataLoader(batch_size=4, shuffle=True),
@@ -69,27 +64,11 @@ for _name, _value in [("SIZE", SIZE), ("BATCH", BATCH), ("SAVED_AFTER", SAVED_AF
     SCRIPT = SCRIPT.replace(f"{_name}_HERE", str(_value))
 
 
-def launch(workdir: Path, processes: int, mode: str) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CADENCE_", "PET_"))}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    result = subprocess.run(
-        [*CADENCE, "launch", "--cpu", "--num_processes", str(processes),
-         str(workdir / "train.py"), mode, str(workdir)],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [
-        json.loads((workdir / f"{mode}-{processes}-{r}.json").read_text()) for r in range(processes)
-    ]
-
-
 @pytest.fixture(scope="module")
 def saved_on_one(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("resize")
     (workdir / "train.py").write_text(SCRIPT)
-    (report,) = launch(workdir, 1, "save")
+    (report,) = launch_local(workdir, 1, "save")
     return workdir, report
 
 
@@ -99,7 +78,7 @@ def test_saved_on_one_process_resumes_on_more_with_every_sample_once(saved_on_on
     order = [s for batch in uninterrupted["batches"] for s in batch]  # the epoch's order
     assert sorted(order) == list(range(SIZE))
     done = SAVED_AFTER * BATCH
-    resumed = launch(workdir, processes, "resume")
+    resumed = launch_local(workdir, processes, "resume")
     steps = len(resumed[0]["batches"])
     assert all(len(r["batches"]) == steps for r in resumed)  # even_batches: as many on every rank
     rest = [s for step in range(steps) for r in resumed for s in r["batches"][step]]

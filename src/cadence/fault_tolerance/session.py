@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..core.settings import env_text
 from .config import FaultToleranceConfig
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
@@ -215,7 +216,7 @@ class FaultTolerantSession:
         said = False
         while self.manager.num_participants() < groups:  # bounded by the deadline
             if time.monotonic() > deadline:
-                if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+                if int(env_text("TORCHELASTIC_RESTART_COUNT", "0") or "0") > 0:
                     # A restarted group alone at the job's step 0: the others finished (or are
                     # gone for good); training the epoch from its start would repeat their steps.
                     raise RuntimeError(
