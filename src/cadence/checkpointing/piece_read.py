@@ -89,17 +89,27 @@ def read_ranges_hashed(fd: int, ranges: Sequence[Range], end: int, hasher: Any) 
     return _read_together(fd, pieces, end, hasher, threads)
 
 
+def _read_piece(fd: int, piece: tuple, end: int, scratch: list) -> tuple[memoryview, int]:
+    """Read one piece `(offset, length, view, ahead)` into its view (a piece whose bytes are not
+    kept reads into the thread's one scratch buffer, made on first use and held in `scratch`),
+    first asking the kernel to read ahead from `ahead` where that is set. Returns the view and
+    how many bytes were read (fewer than `length` where the file ends early)."""
+    offset, length, view, ahead = piece
+    if view is None:
+        if not scratch:
+            scratch.append(memoryview(bytearray(PIECE)))
+        view = scratch[0][:length]
+    if ahead >= 0:
+        _advise(fd, ahead, min(READ_AHEAD, end - ahead))
+    return view, _pread_exactly(fd, view, offset)
+
+
 def _read_alone(fd: int, pieces: list, end: int, hasher: Any) -> int:
-    scratch = None
+    scratch: list = []
     got_total = 0
-    for offset, length, view, ahead in pieces:
-        if view is None:
-            if scratch is None:
-                scratch = memoryview(bytearray(PIECE))
-            view = scratch[:length]
-        if ahead >= 0:
-            _advise(fd, ahead, min(READ_AHEAD, end - ahead))
-        got = _pread_exactly(fd, view, offset)
+    for piece in pieces:
+        length = piece[1]
+        view, got = _read_piece(fd, piece, end, scratch)
         if hasher is not None:
             hasher.update(view[:got])
         got_total += got
@@ -125,19 +135,13 @@ def _read_together(fd: int, pieces: list, end: int, hasher: Any, threads: int) -
             turn.release()
 
     def work(k: int) -> None:
-        scratch = None
+        scratch: list = []
         try:
             for i in range(k, count, threads):
                 if stop.is_set():
                     return
-                offset, length, view, ahead = pieces[i]
-                if view is None:
-                    if scratch is None:
-                        scratch = memoryview(bytearray(PIECE))
-                    view = scratch[:length]
-                if ahead >= 0:
-                    _advise(fd, ahead, min(READ_AHEAD, end - ahead))
-                got = _pread_exactly(fd, view, offset)
+                length = pieces[i][1]
+                view, got = _read_piece(fd, pieces[i], end, scratch)
                 turns[k].acquire()
                 if stop.is_set():
                     return
