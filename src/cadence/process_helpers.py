@@ -76,6 +76,8 @@ def load(f: str | os.PathLike | Any, map_location: Any = None, **kwargs: Any) ->
     (`TORCH_SAFE_GLOBALS`); pass `weights_only=False` for trusted pickles.
 
     Example:
+        >>> import torch
+        >>> torch.save({"w": torch.ones(2)}, "weights.pt")
         >>> load("weights.pt", map_location="cpu")["w"]
         tensor([1., 1.])
     """

@@ -26,6 +26,13 @@ class LocalSGD:
     parameters over processes every `local_sgd_steps` calls of `step()` and on exit.
 
     Example:
+        >>> import torch
+        >>> from cadence import Accelerator
+        >>> accelerator = Accelerator()
+        >>> model = torch.nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> loader = torch.utils.data.DataLoader(torch.randn(16, 2), batch_size=4)
+        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         >>> with LocalSGD(accelerator, model, local_sgd_steps=8) as local_sgd:
         ...     for batch in loader:
         ...         loss = model(batch).sum()

@@ -50,10 +50,8 @@ def get_max_memory(
     like "10GiB" converted to ints, in the new dict and in `max_memory` itself (as the reference).
 
     Example:
-    ```py
-    >>> get_max_memory({"cpu": "1GB"})
-    {'cpu': 1000000000}
-    ```
+        >>> get_max_memory({"cpu": "1GB"})
+        {'cpu': 1000000000}
     """
     if max_memory is None:
         found: dict[Union[int, str], int] = {}
@@ -144,10 +142,8 @@ def clean_device_map(
     """Merge the entries under one module into a single entry when they all name the same device.
 
     Example:
-    ```py
-    >>> clean_device_map({"a.0": "cpu", "a.1": "cpu", "b": 0})
-    {'a': 'cpu', 'b': 0}
-    ```
+        >>> clean_device_map({"a.0": "cpu", "a.1": "cpu", "b": 0})
+        {'a': 'cpu', 'b': 0}
     """
     prefix = f"{module_name}." if module_name else ""
     keys = [k for k in device_map if k.startswith(prefix)]
@@ -301,12 +297,12 @@ def infer_auto_device_map(
     with the module that uses them first. Works on a model on the meta device.
 
     Example:
-    ```py
-    >>> with init_empty_weights():
-    ...     model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 1000))
-    >>> infer_auto_device_map(model, max_memory={"cpu": "5MB"})
-    {'0': 'cpu', '1': 'disk'}
-    ```
+        >>> from cadence import init_empty_weights
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Sequential(*[torch.nn.Linear(1000, 1000) for _ in range(3)])
+        >>> # 4 MB per layer; the CPU keeps room for one offloaded layer to run
+        >>> infer_auto_device_map(model, max_memory={"cpu": "9MB"})
+        {'0': 'cpu', '1': 'disk', '2': 'disk'}
     """
     max_memory = get_max_memory(max_memory)
     no_split = list(no_split_module_classes or [])

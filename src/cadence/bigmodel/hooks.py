@@ -131,14 +131,12 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
     """Attach `hook` to `module` (replacing its hook, or after it with `append=True`); returns the module.
 
     Example:
-    ```py
-    >>> class Scale(ModelHook):
-    ...     def post_forward(self, module, output):
-    ...         return output * 2
-    >>> layer = add_hook_to_module(torch.nn.Identity(), Scale())
-    >>> layer(torch.ones(1))
-    tensor([2.])
-    ```
+        >>> class Scale(ModelHook):
+        ...     def post_forward(self, module, output):
+        ...         return output * 2
+        >>> layer = add_hook_to_module(torch.nn.Identity(), Scale())
+        >>> layer(torch.ones(1))
+        tensor([2.])
     """
     if append and getattr(module, "_hf_hook", None) is not None:
         previous = module._hf_hook

@@ -276,11 +276,14 @@ def load_checkpoint_in_model(
     are tied again at the end.
 
     Example:
-    ```py
-    >>> with init_empty_weights():
-    ...     model = MyModel()
-    >>> load_checkpoint_in_model(model, "checkpoint_folder", device_map={"": "cpu"})
-    ```
+        >>> from cadence import init_empty_weights
+        >>> from safetensors.torch import save_file
+        >>> save_file(torch.nn.Linear(2, 2).state_dict(), "model.safetensors")
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Linear(2, 2)
+        >>> load_checkpoint_in_model(model, "model.safetensors", device_map={"": "cpu"})
+        >>> model.weight.device
+        device(type='cpu')
     """
     if offload_8bit_bnb:
         raise NotImplementedError(

@@ -120,11 +120,9 @@ def offload_state_dict(
     """Write every tensor of `state_dict` into the folder `save_dir` (created) with its index.
 
     Example:
-    ```py
-    >>> offload_state_dict("offload", {"weight": torch.ones(2)})
-    >>> sorted(os.listdir("offload"))
-    ['index.json', 'weight.dat']
-    ```
+        >>> offload_state_dict("offload", {"weight": torch.ones(2)})
+        >>> sorted(os.listdir("offload"))
+        ['index.json', 'weight.dat']
     """
     os.makedirs(save_dir, exist_ok=True)
     index: dict[str, Any] = {}
@@ -137,10 +135,8 @@ class PrefixedDataset(Mapping):
     """A read-only view of `dataset` where key `k` means `prefix + k` (the weights of one submodule).
 
     Example:
-    ```py
-    >>> PrefixedDataset({"block.weight": 1}, "block.")["weight"]
-    1
-    ```
+        >>> PrefixedDataset({"block.weight": 1}, "block.")["weight"]
+        1
     """
 
     def __init__(self, dataset: Mapping, prefix: str) -> None:

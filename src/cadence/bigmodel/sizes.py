@@ -29,10 +29,8 @@ def convert_file_size_to_int(size: Union[int, str]) -> int:
     """Bytes in `size`: an int, or a string like "5GB" (decimal), "5GiB" (binary) or "5Gb" (bits).
 
     Example:
-    ```py
-    >>> convert_file_size_to_int("1MiB")
-    1048576
-    ```
+        >>> convert_file_size_to_int("1MiB")
+        1048576
     """
     if isinstance(size, bool) or not isinstance(size, (int, str)):
         raise ValueError(_SIZE_ERROR.format(size=size))
@@ -59,10 +57,8 @@ def dtype_byte_size(dtype: torch.dtype) -> Union[int, float]:
     """Bytes taken by one element of `dtype` (1/8 for bool, as the reference counts it).
 
     Example:
-    ```py
-    >>> dtype_byte_size(torch.float32)
-    4
-    ```
+        >>> dtype_byte_size(torch.float32)
+        4
     """
     if dtype == torch.bool:
         return 1 / 8
@@ -101,10 +97,8 @@ def named_module_tensors(
     """The parameters, then (with `include_buffers`) the buffers of `module`, with their names.
 
     Example:
-    ```py
-    >>> dict(named_module_tensors(torch.nn.BatchNorm1d(2))).keys()
-    dict_keys(['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked'])
-    ```
+        >>> dict(named_module_tensors(torch.nn.BatchNorm1d(2))).keys()
+        dict_keys(['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked'])
     """
     yield from module.named_parameters(recurse=recurse)
     if include_buffers:
@@ -147,10 +141,8 @@ def compute_module_sizes(
     (integer tensors keep theirs); `special_dtypes` gives the dtype of named tensors.
 
     Example:
-    ```py
-    >>> compute_module_sizes(torch.nn.Linear(4, 4))
-    {'': 80, 'weight': 64, 'bias': 16}
-    ```
+        >>> dict(compute_module_sizes(torch.nn.Linear(4, 4)))
+        {'': 80, 'weight': 64, 'bias': 16}
     """
     dtype = as_dtype(dtype)
     special_sizes = {k: dtype_byte_size(as_dtype(v)) for k, v in (special_dtypes or {}).items()}
@@ -196,11 +188,9 @@ def get_max_layer_size(
     as layers too.
 
     Example:
-    ```py
-    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 8))
-    >>> get_max_layer_size(list(model.named_children()), compute_module_sizes(model), [])
-    (160, ['1'])
-    ```
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 8))
+        >>> get_max_layer_size(list(model.named_children()), compute_module_sizes(model), [])
+        (160, ['1'])
     """
     max_size = 0
     layer_names: list[str] = []

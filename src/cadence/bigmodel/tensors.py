@@ -70,12 +70,10 @@ def set_module_tensor_to_device(
     lets tied weights share one copy per device.
 
     Example:
-    ```py
-    >>> model = torch.nn.Linear(2, 2, device="meta")
-    >>> set_module_tensor_to_device(model, "weight", "cpu", value=torch.ones(2, 2))
-    >>> model.weight.device
-    device(type='cpu')
-    ```
+        >>> model = torch.nn.Linear(2, 2, device="meta")
+        >>> set_module_tensor_to_device(model, "weight", "cpu", value=torch.ones(2, 2))
+        >>> model.weight.device
+        device(type='cpu')
     """
     module, tensor_name = _split_tensor_name(module, tensor_name)
     dtype = as_dtype(dtype)
@@ -169,12 +167,10 @@ def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     """Groups of parameter names that are the same Parameter object (tied weights), sorted.
 
     Example:
-    ```py
-    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-    >>> model[1].weight = model[0].weight
-    >>> find_tied_parameters(model)
-    [['0.weight', '1.weight']]
-    ```
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        >>> model[1].weight = model[0].weight
+        >>> find_tied_parameters(model)
+        [['0.weight', '1.weight']]
     """
     groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

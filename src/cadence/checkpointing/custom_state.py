@@ -36,7 +36,10 @@ def save_custom_state(
     local main process with `save_on_each_node=True`).
 
     Example:
-        >>> save_custom_state(my_counter, "ckpt", index=0)
+        >>> import torch
+        >>> scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.zeros(1)], lr=1.0), 5)
+        >>> import os; os.makedirs("ckpt")
+        >>> save_custom_state(scheduler, "ckpt", index=0)
     """
     target = Path(path) / custom_state_file(index)
     logger.info(f"Saving the state of {type(obj).__name__} to {target}")

@@ -83,6 +83,7 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
     """The command and environment of a one-process launch of `args.training_script`.
 
     Example:
+        >>> _ = open("train.py", "w").write("print('hello')")
         >>> cmd, env = prepare_simple_launcher_cmd_env(
         ...     argparse.Namespace(training_script="train.py", training_script_args=["--lr", "1"])
         ... )

@@ -83,7 +83,7 @@ def execute_subprocess_async(
             runs longer than `timeout` seconds (it is killed).
 
     Example:
-        >>> execute_subprocess_async(get_launch_command(num_processes=2, cpu=True) + ["train.py"])
+        >>> execute_subprocess_async(get_launch_command(num_processes=2, cpu=True) + ["train.py"])  # doctest: +SKIP
     """
     cmd = [str(part) for part in cmd]
     result = asyncio.run(_run(cmd, env, stdin, timeout, quiet, echo))
