@@ -35,9 +35,29 @@ def fence_literal_block(match: re.Match) -> str:
     return f"{indent}Example:\n" + "\n".join(fenced) + (trailing or "\n")
 
 
+# Docstrings call Hugging Face Accelerate "the reference" (the project's word for the library whose API
+# Cadence implements); users know it as Accelerate.
+ACCELERATE_NAMES = [
+    (re.compile(r"\b[Tt]he(\s+)reference(\s+)library's\b"), "Accelerate's"),
+    (re.compile(r"\b[Tt]he(\s+)reference(\s+)library\b"), "Accelerate"),
+    (re.compile(r"\b[Tt]he(\s+)reference(\s+)launcher\b"), "Accelerate's launcher"),
+    (re.compile(r"\b[Tt]he(\s+)reference's\b"), "Accelerate's"),
+    (re.compile(r"\b[Tt]he(\s+)reference\b"), "Accelerate"),
+    (re.compile(r"^Reference path: re-exports\b"), "Accelerate's module path; it re-exports"),
+]
+
+
+def say_accelerate(text: str) -> str:
+    """`text` with "the reference" written as "Accelerate", as on every user-facing page."""
+    for pattern, name in ACCELERATE_NAMES:
+        text = pattern.sub(name, text)
+    return text
+
+
 def rewrite(text: str) -> str:
-    """The docstring with both example forms turned into what the Google-style parser renders."""
-    text = LITERAL_BLOCK.sub(fence_literal_block, text)
+    """The docstring with both example forms turned into what the Google-style parser renders, and
+    Accelerate called by its name."""
+    text = LITERAL_BLOCK.sub(fence_literal_block, say_accelerate(text))
     return DOCTEST_TITLE.sub(r"\1Examples:\n", text)
 
 
