@@ -6,7 +6,7 @@ Each class shares one state dict per process (every instance sees the same attri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -242,7 +242,7 @@ class PartialState:
         execution.barrier(self, timeout)
 
     @contextmanager
-    def main_process_first(self):
+    def main_process_first(self) -> Iterator[None]:
         """Run the block on the main process first; the others run it once the main process has left it.
 
         Example:
@@ -254,13 +254,13 @@ class PartialState:
             yield
 
     @contextmanager
-    def local_main_process_first(self):
+    def local_main_process_first(self) -> Iterator[None]:
         """Run the block on each machine's local main process first; only that machine's other processes wait."""
         with execution.go_first(self, local=True):
             yield
 
     @contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
         """Give this process its contiguous share of `inputs` inside the block (`inputs` itself is not changed).
 
         Args:
@@ -289,7 +289,7 @@ class PartialState:
 
         return execution.run_only_if(function, predicate, required_index=required_index)
 
-    def on_main_process(self, function=None):
+    def on_main_process(self, function: Callable | None = None) -> Callable:
         """Decorator: run the decorated function only on the main process (rank 0); elsewhere calling it does nothing and returns None.
 
         Args:
@@ -308,7 +308,7 @@ class PartialState:
         """
         return self._only_where(function, lambda state: state.is_main_process)
 
-    def on_local_main_process(self, function=None):
+    def on_local_main_process(self, function: Callable | None = None) -> Callable:
         """Decorator: run the decorated function only on each machine's local main process; elsewhere calling it does nothing and returns None.
 
         Args:
@@ -319,7 +319,7 @@ class PartialState:
         """
         return self._only_where(function, lambda state: state.is_local_main_process)
 
-    def on_last_process(self, function=None):
+    def on_last_process(self, function: Callable | None = None) -> Callable:
         """Decorator: run the decorated function only on the last process; elsewhere calling it does nothing and returns None.
 
         Args:
@@ -330,7 +330,9 @@ class PartialState:
         """
         return self._only_where(function, lambda state: state.is_last_process)
 
-    def on_process(self, function=None, process_index: int | None = None):
+    def on_process(
+        self, function: Callable | None = None, process_index: int | None = None
+    ) -> Callable:
         """Decorator: run the decorated function only on the process of rank `process_index`.
 
         Args:
@@ -346,8 +348,11 @@ class PartialState:
         )
 
     def on_local_process(
-        self, function=None, local_process_index: int | None = None, **kwargs: Any
-    ):
+        self,
+        function: Callable | None = None,
+        local_process_index: int | None = None,
+        **kwargs: Any,
+    ) -> Callable:
         """Decorator: run the decorated function only on local rank `local_process_index` of each machine.
 
         Args:
