@@ -95,8 +95,8 @@ class Accelerator(CheckpointMethods):
             `state.select_deepspeed_plugin`). Same as `deepspeed_plugins`. None takes
             `cadence launch --use_deepspeed` / `ACCELERATE_USE_DEEPSPEED` settings. Refused on XLA
             devices (ValueError).
-        fsdp_plugin (FullyShardedDataParallelPlugin | None): Shard models with FSDP (version 2 by
-            default) with these settings. None takes `cadence launch --use_fsdp` /
+        fsdp_plugin (FullyShardedDataParallelPlugin | None): Shard models with FSDP with these
+            settings (`fsdp_version=2` for FSDP2, recommended; 1 by default, as in Accelerate). None takes `cadence launch --use_fsdp` /
             `ACCELERATE_USE_FSDP` settings. Combining it with DeepSpeed raises ValueError.
         torch_tp_plugin (TorchTensorParallelPlugin | None): Deprecated in Accelerate: pass
             `parallelism_config=ParallelismConfig(tp_size=...)` instead.
