@@ -257,15 +257,15 @@ GROUPS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "Checkpoints",
-        "Saving and loading the training state outside the Accelerator's methods, and single "
-        "objects.",
+        "The Accelerator's `save_state`, `load_state`, `save_model` and `register_for_checkpointing` "
+        "do most of the work (see the Accelerator); these save and load single objects and merge "
+        "sharded FSDP checkpoints.",
         [
-            "cadence.checkpointing.save_accelerator_state",
-            "cadence.checkpointing.load_accelerator_state",
             "cadence.checkpointing.save_custom_state",
             "cadence.checkpointing.load_custom_state",
             "cadence.utils.save",
-            "cadence.utils.load_checkpoint_in_model",
+            "cadence.utils.load",
+            "cadence.utils.merge_fsdp_weights",
         ],
     ),
     (

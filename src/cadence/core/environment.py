@@ -262,14 +262,18 @@ def clear_environment() -> Iterator[None]:
 
 @contextmanager
 def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set each keyword (key upper-cased, value `str()`-ed) in `os.environ` inside the block, then
-    restore the previous value or remove the variable.
+    """Set environment variables inside the block, then restore the previous values (or remove them).
+
+    Args:
+        **kwargs: Variable names (upper-cased) to values (turned into strings).
 
     Example:
-        >>> with patch_environment(foo="bar"):
-        ...     os.environ["FOO"]
-        'bar'
-        >>> "FOO" in os.environ
+        >>> import os
+        >>> from cadence.utils import patch_environment
+        >>> with patch_environment(master_port=29501):
+        ...     os.environ["MASTER_PORT"]
+        '29501'
+        >>> "MASTER_PORT" in os.environ
         False
     """
     previous: dict[str, str | None] = {}
