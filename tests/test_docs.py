@@ -290,6 +290,9 @@ def undescribed_parameters(value: object) -> list[str]:
     except (TypeError, ValueError):
         return []
     if inspect.isclass(value):  # the class's docstring, or its own __init__'s
+        owner = next(klass for klass in value.__mro__ if "__init__" in vars(klass))
+        if not owner.__module__.startswith("cadence"):
+            return []  # built by a base of torch or the standard library, documented there
         init = value.__dict__.get("__init__")
         docs = [own_docstring(value), getattr(init, "__doc__", None) or ""]
     else:

@@ -146,6 +146,35 @@ class Accelerator(CheckpointMethods):
             FutureWarning), `logging_dir` (sets `project_config.logging_dir`) and `kwarg_handler` (an
             alias of `kwargs_handlers`). Any other name raises TypeError naming it.
 
+    Attributes:
+        state (AcceleratorState): The process state: ranks, device, precision, plugins.
+        gradient_state (GradientState): Whether this micro-step syncs, where the dataloader stands.
+        device (torch.device): This process's device.
+        distributed_type (DistributedType): How the processes train together (NO, MULTI_CPU,
+            MULTI_GPU, FSDP, DEEPSPEED, XLA, ...).
+        num_processes (int): How many processes train together.
+        process_index (int): This process's rank, from 0 to `num_processes - 1`.
+        local_process_index (int): This process's rank on its machine.
+        is_main_process (bool): True on rank 0.
+        is_local_main_process (bool): True on local rank 0 of each machine.
+        is_last_process (bool): True on the last rank.
+        use_distributed (bool): True with more than one process.
+        mixed_precision (str): "no", "fp16", "bf16" or "fp8".
+        is_fsdp2 (bool): True when models are sharded with FSDP2.
+        deepspeed_plugin (DeepSpeedPlugin | None): The active DeepSpeed plugin.
+        parallelism_config (ParallelismConfig | None): The parallel sizes in use.
+        torch_device_mesh (DeviceMesh | None): The mesh built from `parallelism_config`.
+        project_dir (str | None): The project folder.
+        logging_dir (str | None): Where trackers write.
+        save_iteration (int): The number of the next automatically named checkpoint.
+        split_batches (bool): From `dataloader_config`.
+        dispatch_batches (bool | None): From `dataloader_config`.
+        use_seedable_sampler (bool): From `dataloader_config`.
+        non_blocking (bool): From `dataloader_config`.
+        use_stateful_dataloader (bool): From `dataloader_config`.
+        trackers (list[GeneralTracker]): The started trackers.
+        log_with (list): The trackers asked for.
+
     Raises:
         TypeError: An argument of the wrong type (see each argument), or an unknown keyword.
         ValueError: A value out of range or two arguments that contradict each other.
@@ -159,7 +188,8 @@ class Accelerator(CheckpointMethods):
         >>> accelerator = Accelerator(gradient_accumulation_steps=2)
         >>> model = torch.nn.Linear(4, 1)
         >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+        >>> inputs, targets = torch.randn(16, 4), torch.randn(16, 1)
+        >>> data = torch.utils.data.TensorDataset(inputs, targets)
         >>> loader = torch.utils.data.DataLoader(data, batch_size=4)
         >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         >>> for x, y in loader:
@@ -534,7 +564,9 @@ class Accelerator(CheckpointMethods):
             >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
             >>> scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
             >>> loader = torch.utils.data.DataLoader(torch.arange(8.0), batch_size=2)
-            >>> model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+            >>> model, optimizer, loader, scheduler = accelerator.prepare(
+        ...     model, optimizer, loader, scheduler
+        ... )
             >>> next(iter(loader)).device.type
             'cpu'
         """

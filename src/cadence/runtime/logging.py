@@ -13,11 +13,9 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     """A logger adapter that logs on the main process only, unless told otherwise.
 
     Each logging call takes two more keyword arguments: `main_process_only=False` logs on every process,
-    and `in_order=True` (with it) makes the processes log one after the other, in rank order.
-
-    Args:
-        logger (logging.Logger): The logger to adapt.
-        extra (Mapping | None): Extra context for the records, as for `logging.LoggerAdapter`.
+    and `in_order=True` (with it) makes the processes log one after the other, in rank order. It is
+    built as a `logging.LoggerAdapter` is, from a logger and optional extra context; `get_logger`
+    builds it for you.
     """
 
     @staticmethod
