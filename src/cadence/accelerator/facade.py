@@ -565,8 +565,8 @@ class Accelerator(CheckpointMethods):
             >>> scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
             >>> loader = torch.utils.data.DataLoader(torch.arange(8.0), batch_size=2)
             >>> model, optimizer, loader, scheduler = accelerator.prepare(
-        ...     model, optimizer, loader, scheduler
-        ... )
+            ...     model, optimizer, loader, scheduler
+            ... )
             >>> next(iter(loader)).device.type
             'cpu'
         """
