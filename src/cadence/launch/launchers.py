@@ -317,7 +317,11 @@ def notebook_launcher(
         ...     with open(os.path.join(folder, f"rank{accelerator.process_index}"), "w") as f:
         ...         f.write(str(accelerator.num_processes))
         >>> os.makedirs("ranks")
-        >>> notebook_launcher(train, ("ranks",), num_processes=2)
+        >>> import socket
+        >>> with socket.socket() as free:  # any free port, in case 29500 is taken
+        ...     free.bind(("127.0.0.1", 0))
+        ...     port = str(free.getsockname()[1])
+        >>> notebook_launcher(train, ("ranks",), num_processes=2, use_port=port)
         >>> sorted(os.listdir("ranks"))
         ['rank0', 'rank1']
     """
