@@ -167,13 +167,27 @@ def prepare_pippy(
     num_chunks: Optional[int] = None,
     gather_output: Optional[bool] = False,
 ) -> nn.Module:
-    """Split `model` into one pipeline stage per process for inference; returns it with a new forward.
+    """Split `model` into one pipeline stage per process, for inference; returns it with a new forward.
 
-    `split_points` are the module names where a new stage begins, or "auto" to cut it into stages
-    of equal size. `example_args` / `example_kwargs` are inputs of one micro-batch used to trace the
-    model (on CPU); `num_chunks` micro-batches (default: the process count) go through at once.
-    Call the model on every process: the first process's inputs are used; the last process gets the
-    output, the others None unless `gather_output=True`.
+    Every process calls the model with the same arguments; the first process's inputs go through the
+    stages in `num_chunks` micro-batches, and the last process gets the output (the others get None
+    unless `gather_output=True`).
+
+    Args:
+        model (torch.nn.Module): The model, whole on every process.
+        split_points (str | list[str] | None): Module names where a new stage begins, or "auto"
+            (default) to cut the model into stages of equal size.
+        no_split_module_classes (list[str] | None): With "auto", module classes never cut in two.
+        example_args (tuple): Positional inputs of one micro-batch, used to trace the model (on CPU).
+        example_kwargs (dict | None): Keyword inputs of one micro-batch.
+        num_chunks (int | None): Micro-batches in flight; None means the number of processes.
+        gather_output (bool): Send the output to every process (default False).
+
+    Returns:
+        torch.nn.Module: The model, its forward running this process's stage.
+
+    Raises:
+        ImportError: `torch.distributed.pipelining` is missing (PyTorch older than 2.4).
 
     Example:
         >>> model = prepare_pippy(model, split_points="auto", example_args=(example_input,))  # doctest: +SKIP
