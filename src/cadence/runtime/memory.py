@@ -44,6 +44,9 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
 
     `garbage_collection=True` runs `gc.collect()` first, so memory held by unreachable objects is
     freed too (slow: use sparingly).
+
+    Args:
+        garbage_collection (bool): Run Python's garbage collector first (default False).
     """
     if garbage_collection:
         gc.collect()
