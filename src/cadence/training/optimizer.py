@@ -225,13 +225,28 @@ def move_to_device(state: Any, device: Any) -> Any:
     Example:
         >>> move_to_device({"exp_avg": torch.zeros(2)}, "cpu")["exp_avg"].device
         device(type='cpu')
+
+    Args:
+        state (Any): An optimizer state, or any nesting of tensors.
+        device (Any): Where the tensors go.
+
+    Returns:
+        The same structure on `device`.
     """
     return send_to_device(state, device)
 
 
 def patch_optimizer_step(accelerated_optimizer: Any, method: Any) -> Any:
     """`method` (an optimizer's `step`) wrapped to record on `accelerated_optimizer` that it ran
-    (`_accelerate_step_called = True`); a grad scaler that skips the step never calls it."""
+    (`_accelerate_step_called = True`); a grad scaler that skips the step never calls it.
+
+    Args:
+        accelerated_optimizer (Any): The `AcceleratedOptimizer` that notes the call.
+        method (Any): The wrapped optimizer's bound `step`.
+
+    Returns:
+        The replacement `step`, taking the same arguments.
+    """
 
     def patched_step(*args: Any, **kwargs: Any) -> Any:
         accelerated_optimizer._accelerate_step_called = True
