@@ -203,6 +203,15 @@ def get_module_size_with_ties(
 
     `tied_params` are the names, outside the module, of the weights tied to one of its weights.
     Returns (combined size, names of those modules, the modules).
+
+    Args:
+        tied_params (list[str]): The names, outside the module, of weights tied to its own.
+        module_size (int): The module's bytes.
+        module_sizes (dict[str, int]): Bytes by name, as `compute_module_sizes` returns them.
+        modules_to_treat (list[tuple[str, Any]]): The modules not yet placed, with their names.
+
+    Returns:
+        tuple[int, list[str], list[Any]]: As described above.
     """
     if not tied_params:
         return module_size, [], []
@@ -251,6 +260,17 @@ def fallback_allocate(
 
     Returns (its name, the module, the remaining modules to place with that one taken out), or
     (None, None, `modules`) when nothing fits.
+
+    Args:
+        modules (list[tuple[str, nn.Module]]): The modules still to place, with their names.
+        module_sizes (dict[str, int]): Bytes by name, as `compute_module_sizes` returns them.
+        size_limit (int | str): The room left, in bytes or as "5GB".
+        no_split_module_classes (list[str] | None): Class names of modules that must stay whole.
+        tied_parameters (list[list[str]] | None): Groups of tied parameter names; a module is measured
+            with the modules it shares weights with.
+
+    Returns:
+        tuple[str | None, nn.Module | None, list[tuple[str, nn.Module]]]: As described above.
     """
     limit = convert_file_size_to_int(size_limit)
     no_split = no_split_module_classes or []
