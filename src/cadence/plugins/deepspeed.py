@@ -55,7 +55,15 @@ def deepspeed_missing_error(what: str = "DeepSpeed") -> ImportError:
 
 
 class DeepSpeedConfig:
-    """A DeepSpeed config dict (from a dict, a JSON file, a JSON string or base64 JSON) with lookups."""
+    """A DeepSpeed config dict (from a dict, a JSON file, a JSON string or base64 JSON) with lookups.
+
+    Args:
+        config_file_or_dict (Any): A dict, another `DeepSpeedConfig`, the path of a JSON file, or the
+            JSON text itself (plain or base64-encoded).
+
+    Raises:
+        ValueError: Something that does not decode to a JSON object.
+    """
 
     def __init__(self, config_file_or_dict: Any) -> None:
         if isinstance(config_file_or_dict, DeepSpeedConfig):
@@ -99,7 +107,14 @@ class DeepSpeedConfig:
         self._offload = self._stage in (2, 3) and bool(devices & {"cpu", "nvme"})
 
     def find_config_node(self, ds_key_long: str) -> tuple[dict | None, str]:
-        """The dict holding dotted key `ds_key_long` and its last part (None: no such parent)."""
+        """The dict holding dotted key `ds_key_long` and its last part (None: no such parent).
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+
+        Returns:
+            tuple[dict | None, str]: The parent dict and the last key.
+        """
         node: Any = self.config
         *parents, key = ds_key_long.split(".")
         for name in parents:
@@ -109,12 +124,25 @@ class DeepSpeedConfig:
         return node, key
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """The value at dotted key `ds_key_long`, or `default` when absent."""
+        """The value at dotted key `ds_key_long`, or `default` when absent.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+            default (Any): The value when there is no such entry (default None).
+        """
         node, key = self.find_config_node(ds_key_long)
         return default if node is None else node.get(key, default)
 
     def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
-        """Remove the entry at `ds_key_long`; raise if absent and `must_exist`."""
+        """Remove the entry at `ds_key_long`; raise if absent and `must_exist`.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+            must_exist (bool): Raise when there is no such entry (default False: do nothing).
+
+        Raises:
+            ValueError: With `must_exist`, a missing entry.
+        """
         node, key = self.find_config_node(ds_key_long)
         if node is None or key not in node:
             if must_exist:
@@ -123,12 +151,20 @@ class DeepSpeedConfig:
         node.pop(key)
 
     def is_true(self, ds_key_long: str) -> bool:
-        """Whether the value at `ds_key_long` is set and truthy."""
+        """Whether the value at `ds_key_long` is set and truthy.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+        """
         value = self.get_value(ds_key_long)
         return False if value is None else bool(value)
 
     def is_false(self, ds_key_long: str) -> bool:
-        """Whether the value at `ds_key_long` is set and falsy."""
+        """Whether the value at `ds_key_long` is set and falsy.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+        """
         value = self.get_value(ds_key_long)
         return False if value is None else not bool(value)
 
@@ -604,7 +640,14 @@ class DeepSpeedPlugin:
 
 
 class DummyOptim:
-    """Stands for the optimizer defined in the DeepSpeed config (its `params`, `lr`, `weight_decay`)."""
+    """Stands for the optimizer defined in the DeepSpeed config (its `params`, `lr`, `weight_decay`).
+
+    Args:
+        params (Any): The model's parameters (or parameter groups).
+        lr (float): The learning rate, filling the config's "auto" value (default 0.001).
+        weight_decay (float): The weight decay, filling the config's "auto" value (default 0).
+        **kwargs: Other optimizer settings, kept in `kwargs`.
+    """
 
     def __init__(
         self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any
@@ -616,7 +659,16 @@ class DummyOptim:
 
 
 class DummyScheduler:
-    """Stands for the scheduler defined in the DeepSpeed config (or built by `lr_scheduler_callable`)."""
+    """Stands for the scheduler defined in the DeepSpeed config (or built by `lr_scheduler_callable`).
+
+    Args:
+        optimizer (Any): The optimizer it schedules (usually a `DummyOptim`).
+        total_num_steps (int | None): The number of training steps, filling the config's "auto" value.
+        warmup_num_steps (int): The number of warm-up steps (default 0).
+        lr_scheduler_callable (Any): Builds the scheduler from the optimizer DeepSpeed creates, when the
+            config defines none.
+        **kwargs: Other scheduler settings, kept in `kwargs`.
+    """
 
     def __init__(
         self,
