@@ -49,7 +49,7 @@ class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
             `slice_fn(batch, slice, process_index=..., num_processes=...)`; None cuts every tensor and
             per-sample list along its first dimension.
         torch_device_mesh (Any): The device mesh of tensor or context parallelism, if any; kept as an
-            attribute for the strategies that read it.
+            attribute, which `skip_first_batches` carries over to the loader it builds.
         iteration (int): The epoch to start from (default 0).
         **kwargs: Any other argument of `torch.utils.data.DataLoader` (batch_size, collate_fn ...).
     """

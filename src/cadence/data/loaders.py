@@ -151,11 +151,11 @@ class DataLoaderAdapter(DataLoader):
     With `use_stateful_dataloader=True` the instance is built on torchdata's StatefulDataLoader.
 
     Args:
-        *args: Passed to `torch.utils.data.DataLoader`, the dataset first.
+        dataset (Any): The dataset to read.
         use_stateful_dataloader (bool): Build the loader on torchdata's `StatefulDataLoader` (which
             must be installed), so that its `state_dict()` is torchdata's; default False.
-        **kwargs: Any other argument of `torch.utils.data.DataLoader` (batch_sampler, collate_fn,
-            num_workers ...).
+        batch_sampler (Any): The batch sampler, as for `torch.utils.data.DataLoader`.
+        **kwargs: Any other argument of `torch.utils.data.DataLoader` (collate_fn, num_workers ...).
     """
 
     # False resumes a loaded mid-epoch position as the reference does (the Accelerator sets it from
@@ -401,7 +401,7 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         skip_batches (int): How many batches to skip at the start of the first iteration (default 0).
         use_stateful_dataloader (bool): Build it on torchdata's `StatefulDataLoader` (default False).
         torch_device_mesh (Any): The device mesh of tensor or context parallelism, if any; kept as an
-            attribute for the strategies that read it.
+            attribute, which `skip_first_batches` carries over to the loader it builds.
         iteration (int): The epoch to start from (default 0).
         **kwargs: Any other argument of `torch.utils.data.DataLoader` (batch_sampler, collate_fn,
             num_workers ...).
