@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.cadence-demo-installed
 STAMP := $(VENV)/.cadence-installed
 
-.PHONY: demo test test-xla lint format bench docs
+.PHONY: demo test test-xla lint format bench docs docs-screenshots
 
 # The demo needs only torch and the package; the suite adds the test tools, the optional packages
 # whose integrations it exercises (trackers, DeepSpeed, transformers & co., Ray) and the documentation
@@ -33,6 +33,13 @@ test: $(STAMP)
 # `.venv/bin/mkdocs serve` serves it locally. The variables silence two banners printed by the theme and a plugin.
 docs: $(STAMP)
 	DISABLE_MKDOCS_2_WARNING=true NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# Screenshots of the Accelerator's section of the built API reference in headless Chromium, in tiles of
+# one screen (site-screenshots/cadence.Accelerator-NN.png), to check that parameters and examples
+# render. Needs Chromium (`apt-get install chromium`, or CHROMIUM=/path/to/it); NAME= picks another object.
+NAME ?= cadence.Accelerator
+docs-screenshots: docs
+	$(PY) docs/screenshots.py --site site --out site-screenshots --name $(NAME)
 
 # Optional: the XLA path on torch_xla's CPU device, in its own venv (torch_xla pins torch 2.9, whose
 # only reachable wheel is the CUDA build: ~7 GB, several minutes the first time). `make test` skips these.

@@ -21,9 +21,14 @@ import enum
 import importlib
 import inspect
 import json
+import re
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper beside this file
+from griffe_examples import say_accelerate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SURFACE = ROOT / "tests" / "data" / "reference_surface.json"
@@ -111,9 +116,10 @@ def page_of(module: str) -> str:
 
 
 def summary(obj: object) -> str:
-    """The first line of an object's docstring (empty without one)."""
-    doc = inspect.getdoc(obj) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    """The first paragraph of an object's docstring on one line, Accelerate named as such (empty
+    without a docstring)."""
+    doc = (inspect.getdoc(obj) or "").strip()
+    return say_accelerate(" ".join(doc.split("\n\n")[0].split())) if doc else ""
 
 
 def constant_repr(value: object) -> str:
@@ -141,7 +147,7 @@ def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
             "",
         ]
     elif doc:
-        lines += [doc.strip().split("\n\n")[0], ""]
+        lines += [user_summary(module, imported), ""]
     if not rows:
         lines += [
             "This module holds no public names of its own (it exists for its import path).",
@@ -190,21 +196,174 @@ def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+# The reference's front page, by the questions users bring: (title, what the section answers, public
+# paths). Each path must be public (the build fails otherwise); its full documentation is linked.
+GROUPS: list[tuple[str, str, list[str]]] = [
+    (
+        "The Accelerator",
+        "The object a training script creates: it prepares models, optimizers, schedulers and "
+        "dataloaders, runs backward and gradient accumulation, gathers, saves and loads.",
+        ["cadence.Accelerator"],
+    ),
+    (
+        "State",
+        "Which process this is, how many there are, on which device, and whether this micro-step "
+        "synchronises gradients; usable without an Accelerator.",
+        ["cadence.PartialState", "cadence.state.AcceleratorState", "cadence.state.GradientState"],
+    ),
+    (
+        "Configuration and plugins",
+        "Settings passed to the Accelerator: dataloaders, project layout, accumulation, sharding "
+        "(FSDP, DeepSpeed, parallelism sizes), compilation and the handlers that tune DDP, the "
+        "process group, autocast, the profiler and fp8.",
+        [
+            "cadence.DataLoaderConfiguration",
+            "cadence.utils.ProjectConfiguration",
+            "cadence.utils.GradientAccumulationPlugin",
+            "cadence.ParallelismConfig",
+            "cadence.FullyShardedDataParallelPlugin",
+            "cadence.DeepSpeedPlugin",
+            "cadence.utils.TorchDynamoPlugin",
+            "cadence.utils.TorchTensorParallelPlugin",
+            "cadence.utils.MegatronLMPlugin",
+            "cadence.DistributedDataParallelKwargs",
+            "cadence.InitProcessGroupKwargs",
+            "cadence.GradScalerKwargs",
+            "cadence.AutocastKwargs",
+            "cadence.ProfileKwargs",
+            "cadence.utils.FP8RecipeKwargs",
+            "cadence.utils.AORecipeKwargs",
+            "cadence.utils.TERecipeKwargs",
+            "cadence.utils.KwargsHandler",
+            "cadence.DistributedType",
+        ],
+    ),
+    (
+        "Launchers and the command line",
+        "Starting several processes from a notebook or a test; the `cadence` command itself is on "
+        "its own page.",
+        ["cadence.notebook_launcher", "cadence.debug_launcher"],
+    ),
+    (
+        "Data",
+        "What `prepare()` makes of a DataLoader, and resuming in the middle of an epoch.",
+        [
+            "cadence.skip_first_batches",
+            "cadence.data_loader.prepare_data_loader",
+            "cadence.data_loader.DataLoaderShard",
+            "cadence.data_loader.DataLoaderDispatcher",
+            "cadence.data_loader.SeedableRandomSampler",
+        ],
+    ),
+    (
+        "Checkpoints",
+        "The Accelerator's `save_state`, `load_state`, `save_model` and `register_for_checkpointing` "
+        "do most of the work (see the Accelerator); these save and load single objects and merge "
+        "sharded FSDP checkpoints.",
+        [
+            "cadence.checkpointing.save_custom_state",
+            "cadence.checkpointing.load_custom_state",
+            "cadence.utils.save",
+            "cadence.utils.load",
+            "cadence.utils.merge_fsdp_weights",
+        ],
+    ),
+    (
+        "Trackers and logging",
+        "Experiment trackers for `log_with=`, writing your own, and logging once per job.",
+        [
+            "cadence.tracking.GeneralTracker",
+            "cadence.tracking.TensorBoardTracker",
+            "cadence.tracking.WandBTracker",
+            "cadence.tracking.MLflowTracker",
+            "cadence.logging.get_logger",
+        ],
+    ),
+    (
+        "Big models",
+        "Building a model without memory, loading it over GPUs, CPU and disk, offloading, and "
+        "pipeline-parallel inference.",
+        [
+            "cadence.init_empty_weights",
+            "cadence.init_on_device",
+            "cadence.load_checkpoint_and_dispatch",
+            "cadence.load_checkpoint_in_model",
+            "cadence.dispatch_model",
+            "cadence.infer_auto_device_map",
+            "cadence.cpu_offload",
+            "cadence.cpu_offload_with_hook",
+            "cadence.disk_offload",
+            "cadence.prepare_pippy",
+        ],
+    ),
+    (
+        "Utilities",
+        "Seeding, collectives outside the Accelerator, memory helpers and the local-SGD wrapper.",
+        [
+            "cadence.find_executable_batch_size",
+            "cadence.utils.set_seed",
+            "cadence.synchronize_rng_states",
+            "cadence.utils.gather",
+            "cadence.utils.gather_object",
+            "cadence.utils.broadcast",
+            "cadence.utils.reduce",
+            "cadence.utils.pad_across_processes",
+            "cadence.utils.release_memory",
+            "cadence.utils.patch_environment",
+            "cadence.local_sgd.LocalSGD",
+        ],
+    ),
+]
+
+
+def user_summary(module: str, imported: object) -> str:
+    """What a module holds, for users: a re-exported path is described by the module it re-exports."""
+    if imported is None:
+        return "(needs an optional package)"
+    found = re.match(
+        r"Reference path: re-exports `([\w.]+)`(?: \(([^)]*)\))?", inspect.getdoc(imported) or ""
+    )
+    if found:  # say what it holds: the re-export's own words, else the home module's summary
+        what = (
+            found[2][0].upper() + found[2][1:] + "."
+            if found[2]
+            else summary(import_quietly(found[1]))
+        )
+        return f"Accelerate's path `accelerate{module[len('cadence') :]}`. {what}"
+    return summary(imported)
+
+
 def index_page(all_entries: dict[str, list[Entry]]) -> str:
-    """The reference's front page: every public module with its first docstring line."""
+    """The reference's front page: the names users look for, grouped by question, then every
+    public module with what it holds."""
+    public = {entry.path: entry for rows in all_entries.values() for entry in rows}
     lines = [
         "# API reference",
         "",
-        "Every public name of Cadence, at the path you import it from: the reference library's module "
-        "paths with `accelerate` changed to `cadence`. Each object is documented in full at its "
-        "shortest path and linked from the others.",
+        "The names most scripts use, grouped by what you want to do; each links to its full "
+        "documentation (parameters, what is refused, examples). Every public name is importable at "
+        "Accelerate's module path with `accelerate` changed to `cadence`: the last section lists "
+        "every module. The `cadence` command is described in the [command-line reference](../cli.md).",
+        "",
+    ]
+    for title, about, paths in GROUPS:
+        lines += [f"## {title}", "", about, "", "| name | what it is |", "| --- | --- |"]
+        for path in paths:
+            entry = public.get(path)
+            if entry is None:
+                raise ValueError(f"the reference index names {path}, which is not public")
+            value = getattr(import_quietly(entry.module), entry.name, None)
+            what = summary(value).replace("|", chr(92) + "|")
+            lines.append(f"| [`{path}`]({entry.module}.md#{path}) | {what} |")
+        lines.append("")
+    lines += [
+        "## Every module path",
         "",
         "| module | names | what it holds |",
         "| --- | --- | --- |",
     ]
     for module, rows in all_entries.items():
-        imported = import_quietly(module)
-        first = summary(imported) if imported is not None else "(needs an optional package)"
+        first = user_summary(module, import_quietly(module))
         lines.append(
             f"| [`{module}`]({module}.md) | {len(rows)} | {first.replace('|', chr(92) + '|')} |"
         )
@@ -247,7 +406,7 @@ def argument_rows(parser: argparse.ArgumentParser) -> list[tuple[str, list[argpa
 
 def cell(text: str) -> str:
     """Text made safe for a Markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return say_accelerate(" ".join(str(text).split())).replace("|", "\\|")
 
 
 def command_section(

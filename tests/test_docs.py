@@ -8,6 +8,7 @@ broken link or reference; these tests need no mkdocs.
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib
 import importlib.util
 import inspect
@@ -123,6 +124,20 @@ def test_the_generated_reference_shows_every_public_name_and_command() -> None:
         for name in names:
             assert f'<a id="{module}.{name}"></a>' in page, f"{module}.{name} is not on its page"
     index = pages["reference/index.md"]
+    sections = re.findall(r"^## (.+)$", index, re.M)
+    assert sections == [
+        "The Accelerator",
+        "State",
+        "Configuration and plugins",
+        "Launchers and the command line",
+        "Data",
+        "Checkpoints",
+        "Trackers and logging",
+        "Big models",
+        "Utilities",
+        "Every module path",
+    ], sections
+    assert not re.search(r"\bthe reference\b", index, re.I)  # Accelerate is called Accelerate
     for path in SURFACE["modules"]:
         assert f"({'cadence' + path[len(REFERENCE) :]}.md)" in index
     cli = pages["cli.md"]
@@ -197,3 +212,215 @@ def example_runs(tmp_path_factory):
 def test_docs_example_runs(request, example_runs, spec: str | None, code: str) -> None:
     done = example_runs[request.node.callspec.id].result()
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+
+
+# --- the docstrings of the public callables: every parameter described, examples that run ---------
+
+# The public callables whose parameters are not all described yet, as `module:Qualname`, one a line
+# (`python tests/test_docs.py --write-undescribed` rewrites it):
+# a ratchet. A name missing here must describe every parameter it takes; a name listed here that
+# describes them all (or no longer exists) fails too, so the list only shrinks.
+UNDESCRIBED = Path(__file__).parent / "data" / "undescribed_parameters.txt"
+# Google-style sections that describe parameters (a dataclass's fields may be its `Attributes:`).
+PARAMETER_SECTIONS = ("Args:", "Arguments:", "Parameters:", "Keyword Args:", "Attributes:")
+SECTION = re.compile(r"^(?P<indent>\s*)(?P<title>[A-Z][A-Za-z ]*):\s*$")
+DESCRIBED = re.compile(r"^\s*(?P<name>\*{0,2}\w+)\s*(\([^)]*\)(\s*\[[^\]]*\])?)?\s*:")
+
+
+def public_callables() -> dict[str, object]:
+    """Every public function, class and public method of a public class of the surface, once, keyed
+    `module:Qualname` where it is defined (methods of Cadence base classes included)."""
+    found: dict[str, object] = {}
+
+    def add(value: object) -> None:
+        module = getattr(value, "__module__", "") or ""
+        qualname = getattr(value, "__qualname__", "") or ""
+        if module.startswith("cadence") and "<" not in qualname:
+            found.setdefault(f"{module}:{qualname}", value)
+
+    for module_name in public_modules():
+        module = import_quietly(module_name)
+        for name, recorded in SURFACE["modules"][REFERENCE + module_name[len("cadence") :]].items():
+            value = getattr(module, name, None)
+            if recorded["kind"] == "constant" or inspect.ismodule(value):
+                continue
+            if inspect.isclass(value):
+                if issubclass(value, BaseException) or issubclass(value, enum.Enum):
+                    continue  # exceptions and enums take no parameters of ours to describe
+                add(value)
+                for klass in value.__mro__:
+                    if not klass.__module__.startswith("cadence"):
+                        continue
+                    for member_name, member in vars(klass).items():
+                        if member_name.startswith("_"):
+                            continue
+                        member = getattr(member, "__func__", member)  # class/static methods
+                        if inspect.isfunction(member):
+                            add(member)
+            elif inspect.isfunction(value) or inspect.isclass(type(value)) and callable(value):
+                add(inspect.unwrap(value) if inspect.isfunction(value) else value)
+    return {key: value for key, value in found.items() if callable(value)}
+
+
+def described_names(doc: str) -> set[str]:
+    """The names described in the parameter sections of a Google-style docstring."""
+    names: set[str] = set()
+    section_indent = None
+    for line in inspect.cleandoc(doc).splitlines():
+        heading = SECTION.match(line)
+        if heading:
+            title = heading["title"] + ":"
+            section_indent = len(heading["indent"]) if title in PARAMETER_SECTIONS else None
+            continue
+        if section_indent is None or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent <= section_indent:
+            section_indent = None  # the section ended
+            continue
+        entry = DESCRIBED.match(line)
+        if entry and indent <= section_indent + 4:
+            names.add(entry["name"].lstrip("*"))
+    return names
+
+
+def undescribed_parameters(value: object) -> list[str]:
+    """The parameters `value` takes that its docstring does not describe."""
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):
+        return []
+    if inspect.isclass(value):  # the class's docstring, or its own __init__'s
+        owner = next(klass for klass in value.__mro__ if "__init__" in vars(klass))
+        if not owner.__module__.startswith("cadence"):
+            return []  # built by a base of torch or the standard library, documented there
+        init = value.__dict__.get("__init__")
+        docs = [own_docstring(value), getattr(init, "__doc__", None) or ""]
+    else:
+        docs = [inspect.getdoc(value) or ""]
+    described = set().union(*(described_names(doc) for doc in docs))
+    return [
+        name
+        for name in signature.parameters
+        # a parameter named with an underscore is private: not part of the documented API
+        if name not in ("self", "cls") and not name.startswith("_") and name not in described
+    ]
+
+
+def test_every_public_callable_describes_its_parameters() -> None:
+    listed = set(UNDESCRIBED.read_text().split())
+    callables = public_callables()
+    missing, complete = [], []
+    for key, value in sorted(callables.items()):
+        gaps = undescribed_parameters(value)
+        if gaps and key not in listed:
+            missing.append(f"{key}: {', '.join(gaps)}")
+        elif not gaps and key in listed:
+            complete.append(key)
+    gone = sorted(listed - set(callables))
+    assert not missing, "parameters without a description (Args:): " + "; ".join(missing)
+    assert not complete, f"now complete, remove from {UNDESCRIBED.name}: " + ", ".join(complete)
+    assert not gone, f"no longer public, remove from {UNDESCRIBED.name}: " + ", ".join(gone)
+
+
+def test_the_most_read_names_are_complete() -> None:
+    """The Accelerator and the names a new user reaches first describe every parameter."""
+    listed = set(UNDESCRIBED.read_text().split())
+    must = [key for key in public_callables() if key.startswith(MOST_READ)]
+    assert must and not sorted(set(must) & listed)
+
+
+MOST_READ = (  # `module:Qualname` prefixes
+    "cadence.accelerator.facade:Accelerator",
+    "cadence.accelerator.checkpoint_methods:CheckpointMethods",
+    "cadence.runtime.state:PartialState",
+    "cadence.runtime.state:AcceleratorState",
+    "cadence.runtime.gradient_state:GradientState",
+    "cadence.bigmodel.empty_init:init_empty_weights",
+    "cadence.bigmodel.dispatch:load_checkpoint_and_dispatch",
+)
+
+
+def docstring_examples() -> list[str]:
+    """`module:Qualname` of every public callable (and property) whose docstring has doctest lines."""
+    found = []
+    for key, value in public_callables().items():
+        if ">>>" in (inspect.getdoc(value) or ""):
+            found.append(key)
+        if inspect.isclass(value):
+            for name, member in vars(value).items():
+                if isinstance(member, property) and ">>>" in (member.__doc__ or ""):
+                    found.append(f"{key}.{name}")
+    return sorted(found)
+
+
+# Runs the docstring examples named on its command line, each in an empty folder with its module's
+# names (as doctest does), with the process state forgotten between them (each example starts its own
+# Accelerator), and prints the failures. An example that needs a GPU or a download says
+# `# doctest: +SKIP` on those lines.
+DOCTEST_RUNNER = r"""
+import doctest, importlib, io, os, sys, tempfile, warnings
+from cadence.state import reset_state
+warnings.simplefilter("ignore")
+# DeepSpeed, imported by the unwrapping helpers, prints on stdout when it has to guess its device.
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+failed = 0
+for key in sys.argv[1:]:
+    module, _, qualname = key.partition(":")
+    value = importlib.import_module(module)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    doc = value.__doc__ or ""
+    globs = dict(vars(importlib.import_module(module)))  # as doctest does: the module's names
+    test = doctest.DocTestParser().get_doctest(doc, globs, key, module, 0)
+    report = io.StringIO()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    home, environment = os.getcwd(), dict(os.environ)
+    with tempfile.TemporaryDirectory() as folder:
+        os.chdir(folder)
+        try:
+            result = runner.run(test, out=report.write)
+        finally:
+            os.chdir(home)
+            os.environ.clear()
+            os.environ.update(environment)
+            reset_state(destroy_process_group=True)
+    if result.failed:
+        failed += 1
+        print(report.getvalue())
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_the_docstrings_have_examples() -> None:
+    keys = docstring_examples()
+    for name in ("prepare", "accumulate", "backward", "gather_for_metrics", "main_process_first"):
+        assert f"cadence.accelerator.facade:Accelerator.{name}" in keys, name
+    assert "cadence.accelerator.checkpoint_methods:CheckpointMethods.save_state" in keys
+
+
+@pytest.mark.parametrize("half", [0, 1])
+def test_docstring_examples_run(tmp_path, half: int) -> None:
+    """The `>>>` examples of the docstrings, in two processes (half of them each) on CPU."""
+    keys = docstring_examples()[half::2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CADENCE_", "ACCELERATE_"))}
+    env.update(CUDA_VISIBLE_DEVICES="", HF_HOME=str(tmp_path / "hf"), TMPDIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", DOCTEST_RUNNER, *keys],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT_S,
+    )
+    assert done.returncode == 0, (done.stdout[-6000:], done.stderr[-3000:])
+
+
+if __name__ == "__main__":
+    # `python tests/test_docs.py --write-undescribed` rewrites the ratchet list from the code (after a
+    # merge moved or added public callables); review the diff: it should only shrink.
+    if sys.argv[1:] != ["--write-undescribed"]:
+        raise SystemExit("usage: python tests/test_docs.py --write-undescribed")
+    gaps = sorted(key for key, value in public_callables().items() if undescribed_parameters(value))
+    UNDESCRIBED.write_text("".join(f"{key}\n" for key in gaps))
+    print(f"{UNDESCRIBED}: {len(gaps)} callables with undescribed parameters")

@@ -53,6 +53,12 @@ def fsdp2_canonicalize_names(named_params: dict[str, Any]) -> dict[str, Any]:
     Example:
         >>> fsdp2_canonicalize_names({"_orig_mod.layer._checkpoint_wrapped_module.w": 1})
         {'layer.w': 1}
+
+    Args:
+        named_params (dict[str, Any]): Values by parameter name.
+
+    Returns:
+        dict[str, Any]: The same values under the cleaned names.
     """
     out = {}
     for name, value in named_params.items():
@@ -63,7 +69,14 @@ def fsdp2_canonicalize_names(named_params: dict[str, Any]) -> dict[str, Any]:
 
 
 def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
-    """A `torch.amp.GradScaler` built with `kwargs` (FSDP2 uses the plain scaler)."""
+    """A `torch.amp.GradScaler` built with `kwargs` (FSDP2 uses the plain scaler).
+
+    Args:
+        **kwargs: Passed to `torch.amp.GradScaler` (init_scale, growth_interval ...).
+
+    Returns:
+        torch.amp.GradScaler: The scaler.
+    """
     return torch.amp.GradScaler(**kwargs)
 
 
@@ -74,6 +87,10 @@ def fsdp2_switch_optimizer_parameters(
 
     Raises:
         KeyError: a parameter has no entry in `mapping` (training would silently not update it).
+
+    Args:
+        optimizer (torch.optim.Optimizer): The optimizer created from the unsharded model.
+        mapping (dict[Any, Any]): The sharded parameter by the data pointer of the original one.
     """
     try:
         for group in optimizer.param_groups:
@@ -89,7 +106,17 @@ def get_parameters_from_modules(
     modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: Any
 ) -> set[torch.nn.Parameter]:
     """The parameters of `modules`; a string is a regex matched against `model`'s module names (the
-    matching modules are moved to `device`)."""
+    matching modules are moved to `device`).
+
+    Args:
+        modules (Iterable[torch.nn.Module] | str | None): Modules, or a regular expression their full
+            names must match; None means none.
+        model (torch.nn.Module): The model the names are looked up in.
+        device (Any): Where modules matched by name are moved.
+
+    Returns:
+        set[torch.nn.Parameter]: Their parameters.
+    """
     if modules is None:
         return set()
     if isinstance(modules, str):
@@ -107,7 +134,18 @@ def ensure_weights_retied(
     param_init_fn: Callable[[torch.nn.Module], Any], model: torch.nn.Module, device: torch.device
 ) -> Callable[[torch.nn.Module], Any]:
     """Wrap an FSDP `param_init_fn` so weights listed in `model._tied_weights_keys` stay tied after
-    initialisation (it re-assigns the first initialised copy to the other names)."""
+    initialisation (it re-assigns the first initialised copy to the other names).
+
+    Args:
+        param_init_fn (Callable[[torch.nn.Module], Any]): The initialisation function FSDP calls on each
+            module materialised from the meta device.
+        model (torch.nn.Module): The model, whose `_tied_weights_keys` names the tied weights.
+        device (torch.device): Accepted for Accelerate's signature; unused.
+
+    Returns:
+        Callable[[torch.nn.Module], Any]: The wrapped function (`param_init_fn` itself when nothing is
+        tied).
+    """
     tied_names = getattr(model, "_tied_weights_keys", None)
     if not tied_names:
         return param_init_fn
@@ -133,7 +171,15 @@ def ensure_weights_retied(
 def fsdp2_prepare_auto_wrap_policy(
     fsdp2_plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module
 ) -> Callable[[torch.nn.Module], bool] | None:
-    """The plugin's auto wrap policy as a `module -> bool` test for `model` (None: no policy)."""
+    """The plugin's auto wrap policy as a `module -> bool` test for `model` (None: no policy).
+
+    Args:
+        fsdp2_plugin (FullyShardedDataParallelPlugin): The plugin whose auto wrap policy is read.
+        model (torch.nn.Module): The model the policy is applied to.
+
+    Returns:
+        Callable[[torch.nn.Module], bool] | None: True for each module to shard on its own.
+    """
     return wrap_predicate(fsdp2_plugin, model)
 
 
@@ -143,24 +189,57 @@ def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | Non
     Example:
         >>> get_module_class_from_name(torch.nn.Sequential(torch.nn.ReLU()), "ReLU")
         <class 'torch.nn.modules.activation.ReLU'>
+
+    Args:
+        module (torch.nn.Module): The model to search.
+        name (str): A class name, e.g. "LlamaDecoderLayer".
+
+    Returns:
+        type | None: The class.
     """
     return find_module_class(module, name)
 
 
 def fsdp2_prepare_model(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """Shard a model with FSDP2 (done by `Accelerator.prepare` in Cadence)."""
+    """Shard a model with FSDP2 (done by `Accelerator.prepare` in Cadence).
+
+    Args:
+        accelerator (Accelerator): The Accelerator.
+        model (torch.nn.Module): The model.
+
+    Raises:
+        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.prepare` instead.
+    """
     raise _through_accelerator("fsdp2_prepare_model")
 
 
 def fsdp2_apply_ac(accelerator: Accelerator, model: torch.nn.Module) -> torch.nn.Module:
-    """Apply activation checkpointing for FSDP2 (done by `Accelerator.prepare` in Cadence)."""
+    """Apply activation checkpointing for FSDP2 (done by `Accelerator.prepare` in Cadence).
+
+    Args:
+        accelerator (Accelerator): The Accelerator.
+        model (torch.nn.Module): The model.
+
+    Raises:
+        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.prepare` with activation checkpointing in the FSDP plugin instead.
+    """
     raise _through_accelerator("fsdp2_apply_ac")
 
 
 def fsdp2_load_full_state_dict(
     accelerator: Accelerator, model: torch.nn.Module, full_sd: dict, cpu_offload: bool = False
 ) -> None:
-    """Load a full state dict into an FSDP2 model (done by `Accelerator.prepare` in Cadence)."""
+    """Load a full state dict into an FSDP2 model (done by `Accelerator.prepare` in Cadence).
+
+    Args:
+        accelerator (Accelerator): The Accelerator.
+        model (torch.nn.Module): The FSDP model.
+        full_sd (dict): The full (unsharded) state dict.
+        cpu_offload (bool): Whether the sharded parameters live on the CPU.
+
+    Raises:
+        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.prepare` instead.
+    """
     raise _through_accelerator("fsdp2_load_full_state_dict")
 
 
@@ -173,7 +252,20 @@ def save_fsdp_model(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Save an FSDP model's weights (use `Accelerator.save_state` / `save_model`)."""
+    """Save an FSDP model's weights (use `Accelerator.save_state` / `save_model`).
+
+    Args:
+        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
+        accelerator (Accelerator): The Accelerator.
+        model (torch.nn.Module): The FSDP model.
+        output_dir (str): The checkpoint folder.
+        model_index (int): Which of the prepared models it is (its files are numbered by it).
+        adapter_only (bool): Only the PEFT adapter's weights.
+        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
+
+    Raises:
+        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.save_state` or `save_model` instead.
+    """
     raise _through_accelerator("save_fsdp_model")
 
 
@@ -186,7 +278,20 @@ def load_fsdp_model(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Load an FSDP model's weights (use `Accelerator.load_state`)."""
+    """Load an FSDP model's weights (use `Accelerator.load_state`).
+
+    Args:
+        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
+        accelerator (Accelerator): The Accelerator.
+        model (torch.nn.Module): The FSDP model.
+        input_dir (str): The checkpoint folder.
+        model_index (int): Which of the prepared models it is (its files are numbered by it).
+        adapter_only (bool): Only the PEFT adapter's weights.
+        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
+
+    Raises:
+        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.load_state` instead.
+    """
     raise _through_accelerator("load_fsdp_model")
 
 
@@ -199,7 +304,20 @@ def save_fsdp_optimizer(
     optimizer_index: int = 0,
     use_dcp: bool = True,
 ) -> None:
-    """Save an FSDP optimizer's state (use `Accelerator.save_state`)."""
+    """Save an FSDP optimizer's state (use `Accelerator.save_state`).
+
+    Args:
+        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
+        accelerator (Accelerator): The Accelerator.
+        optimizer (torch.optim.Optimizer): The optimizer of the FSDP model.
+        model (torch.nn.Module): The FSDP model.
+        output_dir (str): The checkpoint folder.
+        optimizer_index (int): Which of the prepared optimizers it is (its files are numbered by it).
+        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
+
+    Raises:
+        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.save_state` instead.
+    """
     raise _through_accelerator("save_fsdp_optimizer")
 
 
@@ -213,7 +331,21 @@ def load_fsdp_optimizer(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Load an FSDP optimizer's state (use `Accelerator.load_state`)."""
+    """Load an FSDP optimizer's state (use `Accelerator.load_state`).
+
+    Args:
+        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
+        accelerator (Accelerator): The Accelerator.
+        optimizer (torch.optim.Optimizer): The optimizer of the FSDP model.
+        model (torch.nn.Module): The FSDP model.
+        input_dir (str): The checkpoint folder.
+        optimizer_index (int): Which of the prepared optimizers it is (its files are numbered by it).
+        adapter_only (bool): Only the PEFT adapter's weights.
+        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
+
+    Raises:
+        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.load_state` instead.
+    """
     raise _through_accelerator("load_fsdp_optimizer")
 
 

@@ -61,6 +61,13 @@ def save(
 
     Example:
         >>> save({"w": torch.ones(2)}, "weights.pt")  # written once, whatever the number of processes
+
+    Args:
+        obj (Any): What to save (a state dict for `safe_serialization`).
+        f (str | os.PathLike | Any): The path (or open binary file) to write.
+        save_on_each_node (bool): Write once per node instead of once in all (for nodes that do not
+            share a file system); default False.
+        safe_serialization (bool): Write safetensors instead of a pickle (default False).
     """
     state = _partial_state()
     writer = state.is_local_main_process if save_on_each_node else state.is_main_process
@@ -76,8 +83,19 @@ def load(f: str | os.PathLike | Any, map_location: Any = None, **kwargs: Any) ->
     (`TORCH_SAFE_GLOBALS`); pass `weights_only=False` for trusted pickles.
 
     Example:
+        >>> import torch
+        >>> torch.save({"w": torch.ones(2)}, "weights.pt")
         >>> load("weights.pt", map_location="cpu")["w"]
         tensor([1., 1.])
+
+    Args:
+        f (str | os.PathLike | Any): A path or an open binary file.
+        map_location (Any): Where the tensors are loaded, as for `torch.load` (None: where they were
+            saved).
+        **kwargs: Any other argument of `torch.load` (`weights_only` included).
+
+    Returns:
+        The loaded object.
     """
     if not is_weights_only_available():
         kwargs.pop("weights_only", None)
@@ -88,7 +106,14 @@ def load(f: str | os.PathLike | Any, map_location: Any = None, **kwargs: Any) ->
 
 
 def is_port_in_use(port: int | None = None) -> bool:
-    """Whether something listens on `localhost:port` (default 29500, the launcher's port)."""
+    """Whether something listens on `localhost:port` (default 29500, the launcher's port).
+
+    Args:
+        port (int | None): The TCP port to probe; None means 29500.
+
+    Returns:
+        bool: True when a connection to it succeeds.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         return probe.connect_ex(("localhost", 29500 if port is None else port)) == 0
 

@@ -22,10 +22,31 @@ _SUPPORTED = (
 
 
 class LocalSGD:
-    """Context manager running a DDP model without gradient synchronisation, averaging the
-    parameters over processes every `local_sgd_steps` calls of `step()` and on exit.
+    """Train without synchronising gradients, and average the parameters every `local_sgd_steps` steps.
+
+    Each process trains its own copy of the model; every `local_sgd_steps` calls of `step()`, and when
+    the block ends, the parameters are averaged over the processes. Fewer collectives than DDP: useful on
+    slow networks. Works with DDP on CPUs and GPUs (not DeepSpeed or FSDP); on one process it does nothing.
+
+    Args:
+        accelerator (Accelerator): The Accelerator that prepared the model.
+        model (torch.nn.Module): The prepared model.
+        local_sgd_steps (int): Steps between two averagings. Below 1 raises ValueError.
+        enabled (bool): Turn it off without changing the code (default True).
+
+    Raises:
+        NotImplementedError: DeepSpeed, FSDP or another unsupported distributed type.
+        ValueError: `local_sgd_steps` below 1.
 
     Example:
+        >>> import torch
+        >>> from cadence import Accelerator
+        >>> from cadence.local_sgd import LocalSGD
+        >>> accelerator = Accelerator()
+        >>> model = torch.nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> loader = torch.utils.data.DataLoader(torch.randn(16, 2), batch_size=4)
+        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         >>> with LocalSGD(accelerator, model, local_sgd_steps=8) as local_sgd:
         ...     for batch in loader:
         ...         loss = model(batch).sum()

@@ -22,7 +22,18 @@ def attach_execution_device_hook(
     tied_params_map: Optional[dict[int, dict[torch.device, torch.Tensor]]] = None,
 ) -> None:
     """Give `module` and its submodules that hold weights a hook moving their inputs to `execution_device`
-    (modules that already have a hook keep it)."""
+    (modules that already have a hook keep it).
+
+    Args:
+        module (nn.Module): The root of the modules to hook.
+        execution_device (int | str | torch.device): Where their inputs are moved.
+        skip_keys (str | list[str] | None): Keys of dict inputs and outputs that are never moved.
+        preload_module_classes (list[str] | None): Class names of modules whose whole subtree is loaded by
+            one hook at their forward (for modules that use their children's weights directly).
+        tied_params_map (dict[int, dict[torch.device, torch.Tensor]] | None): Shared by the hooks of a
+            model, so that tied weights are loaded onto a device once: keyed by the offloaded tensor's
+            data pointer, then by device.
+    """
     if not hasattr(module, "_hf_hook") and len(module.state_dict()) > 0:
         add_hook_to_module(
             module,
@@ -66,6 +77,21 @@ def attach_align_device_hook(
     `weights_map` holds the weights of the whole of `module` (names relative to it, under
     `module_name` when it is a submodule of the map's model). A module whose class is in
     `preload_module_classes` gets one hook loading its whole subtree at once.
+
+    Args:
+        module (nn.Module): The root of the modules to hook.
+        execution_device (torch.device | None): Where the modules run.
+        offload (bool): Keep the weights off the device between forwards (default False).
+        weights_map (Mapping | None): The offloaded weights, as described above.
+        offload_buffers (bool): Offload the buffers too (default False).
+        module_name (str): The name of `module` inside the model `weights_map` belongs to ("" for the
+            model itself).
+        skip_keys (str | list[str] | None): Keys of dict inputs and outputs that are never moved.
+        preload_module_classes (list[str] | None): Class names of modules whose whole subtree is loaded by
+            one hook at their forward (for modules that use their children's weights directly).
+        tied_params_map (dict[int, dict[torch.device, torch.Tensor]] | None): Shared by the hooks of a
+            model, so that tied weights are loaded onto a device once: keyed by the offloaded tensor's
+            data pointer, then by device.
     """
     has_direct = any(True for _ in named_module_tensors(module))
     full_offload = (
@@ -114,6 +140,21 @@ def attach_align_device_hook_on_blocks(
     A block that is not offloaded gets its weights moved to its device once; an offloaded block
     gets hooks bringing its weights in for each forward. The top module moves outputs back to the
     device of the inputs.
+
+    Args:
+        module (nn.Module): The model (or block) to hook.
+        execution_device (torch.device | dict[str, torch.device] | None): One device for all, or a device
+            per block name.
+        offload (bool | dict[str, bool]): One flag for all, or whether each block name is offloaded.
+        weights_map (Mapping | None): The offloaded weights, by name relative to the model.
+        offload_buffers (bool): Offload the buffers too (default False).
+        module_name (str): The name of `module` inside the model ("" for the model itself).
+        skip_keys (str | list[str] | None): Keys of dict inputs and outputs that are never moved.
+        preload_module_classes (list[str] | None): Class names of modules whose whole subtree is loaded by
+            one hook at their forward (for modules that use their children's weights directly).
+        tied_params_map (dict[int, dict[torch.device, torch.Tensor]] | None): Shared by the hooks of a
+            model, so that tied weights are loaded onto a device once: keyed by the offloaded tensor's
+            data pointer, then by device.
     """
     if not isinstance(execution_device, Mapping) and not isinstance(offload, dict):
         if not offload:

@@ -45,15 +45,18 @@ def _cpu_available_bytes() -> int:
 def get_max_memory(
     max_memory: Optional[dict[Union[int, str], Union[int, str]]] = None,
 ) -> dict[Union[int, str], int]:
-    """Bytes usable on each device: the free memory of every GPU and of the CPU when `max_memory` is
-    None, else a new dict of `max_memory`'s entries ordered GPUs, "mps", "cpu", "disk", with sizes
-    like "10GiB" converted to ints, in the new dict and in `max_memory` itself (as the reference).
+    """Bytes usable on each device: measured free memory, or `max_memory` with its sizes turned into integers.
+
+    Args:
+        max_memory (dict[int | str, int | str] | None): Devices (GPU indices, "mps", "cpu", "disk") to
+            sizes ("10GiB", "500MB" or bytes); None measures the free memory of every GPU and the CPU.
+
+    Returns:
+        dict[int | str, int]: Devices to bytes, GPUs first.
 
     Example:
-    ```py
-    >>> get_max_memory({"cpu": "1GB"})
-    {'cpu': 1000000000}
-    ```
+        >>> get_max_memory({"cpu": "1GB"})
+        {'cpu': 1000000000}
     """
     if max_memory is None:
         found: dict[Union[int, str], int] = {}
@@ -98,12 +101,23 @@ def get_balanced_memory(
     special_dtypes: Optional[dict[str, Union[str, torch.device]]] = None,
     low_zero: bool = False,
 ) -> dict[Union[int, str], int]:
-    """A `max_memory` that spreads the model evenly over the GPUs (instead of filling GPU 0 first).
+    """A `max_memory` that spreads the model evenly over the GPUs instead of filling GPU 0 first.
 
-    Each GPU but the last gets the model's size divided by the GPU count, plus a margin of 1.25x
-    the biggest unsplittable layer (or of the average layer); with `low_zero`, GPU 0 only gets what
-    the others cannot hold (it keeps room for `generate`'s outputs). Without GPUs `max_memory` is
-    returned as it is.
+    Each GPU but the last gets the model's size divided by the number of GPUs, plus a margin for the
+    largest unsplittable layer; with `low_zero`, GPU 0 gets only what the others cannot hold. Without
+    GPUs, `max_memory` is returned as it is.
+
+    Args:
+        model (torch.nn.Module): The model.
+        max_memory (dict[int | str, int | str] | None): The most each device may hold; None means
+            their free memory.
+        no_split_module_classes (list[str] | None): Module classes kept whole.
+        dtype (str | torch.dtype | None): Size the weights as if in this dtype.
+        special_dtypes (dict[str, str | torch.dtype] | None): Per-weight dtypes.
+        low_zero (bool): Keep GPU 0 as free as possible (for `generate`'s outputs; default False).
+
+    Returns:
+        dict[int | str, int]: Bytes per device.
     """
     user_set = max_memory is not None
     max_memory = get_max_memory(max_memory)
@@ -143,11 +157,16 @@ def clean_device_map(
 ) -> dict[str, Union[int, str, torch.device]]:
     """Merge the entries under one module into a single entry when they all name the same device.
 
+    Args:
+        device_map (dict[str, int | str | torch.device]): The map (changed in place).
+        module_name (str): The module whose entries to merge ("" for the whole model).
+
+    Returns:
+        dict[str, int | str | torch.device]: The map.
+
     Example:
-    ```py
-    >>> clean_device_map({"a.0": "cpu", "a.1": "cpu", "b": 0})
-    {'a': 'cpu', 'b': 0}
-    ```
+        >>> clean_device_map({"a.0": "cpu", "a.1": "cpu", "b": 0})
+        {'a': 'cpu', 'b': 0}
     """
     prefix = f"{module_name}." if module_name else ""
     keys = [k for k in device_map if k.startswith(prefix)]
@@ -184,6 +203,15 @@ def get_module_size_with_ties(
 
     `tied_params` are the names, outside the module, of the weights tied to one of its weights.
     Returns (combined size, names of those modules, the modules).
+
+    Args:
+        tied_params (list[str]): The names, outside the module, of weights tied to its own.
+        module_size (int): The module's bytes.
+        module_sizes (dict[str, int]): Bytes by name, as `compute_module_sizes` returns them.
+        modules_to_treat (list[tuple[str, Any]]): The modules not yet placed, with their names.
+
+    Returns:
+        tuple[int, list[str], list[Any]]: As described above.
     """
     if not tied_params:
         return module_size, [], []
@@ -232,6 +260,17 @@ def fallback_allocate(
 
     Returns (its name, the module, the remaining modules to place with that one taken out), or
     (None, None, `modules`) when nothing fits.
+
+    Args:
+        modules (list[tuple[str, nn.Module]]): The modules still to place, with their names.
+        module_sizes (dict[str, int]): Bytes by name, as `compute_module_sizes` returns them.
+        size_limit (int | str): The room left, in bytes or as "5GB".
+        no_split_module_classes (list[str] | None): Class names of modules that must stay whole.
+        tied_parameters (list[list[str]] | None): Groups of tied parameter names; a module is measured
+            with the modules it shares weights with.
+
+    Returns:
+        tuple[str | None, nn.Module | None, list[tuple[str, nn.Module]]]: As described above.
     """
     limit = convert_file_size_to_int(size_limit)
     no_split = no_split_module_classes or []
@@ -292,21 +331,40 @@ def infer_auto_device_map(
     offload_buffers: bool = False,
     fallback_allocation: bool = False,
 ) -> dict[str, Union[int, str]]:
-    """A device map that fills the GPUs in order, then the CPU, then the disk.
+    """A device map that fills the GPUs in order, then the CPU, then the disk, within `max_memory`.
 
-    Modules are placed whole, in definition order; one that does not fit in what is left of a
-    device is split into its children unless its class is in `no_split_module_classes`, otherwise
-    it goes to the next device. The first GPU (and the CPU, when something goes to disk) keeps
-    room for the biggest layer, so an offloaded layer can be brought in to run. Tied weights go
-    with the module that uses them first. Works on a model on the meta device.
+    Modules are placed whole, in definition order; one that does not fit in what is left of a device is
+    split into its children unless its class is in `no_split_module_classes`, else it goes to the next
+    device. The first GPU (and the CPU, when something goes to disk) keeps room for the largest layer,
+    so that an offloaded layer can be brought in to run. Tied weights go with the module that uses them
+    first. Works on a model on the meta device.
+
+    Args:
+        model (torch.nn.Module): The model (its weights need not exist).
+        max_memory (dict[int | str, int | str] | None): The most each device may hold (`{0: "10GiB",
+            "cpu": "30GiB"}`); None means the free memory of each GPU and of the CPU.
+        no_split_module_classes (list[str] | None): Module classes kept whole on one device.
+        dtype (str | torch.dtype | None): Size the weights as if in this dtype.
+        special_dtypes (dict[str, str | torch.dtype] | None): Per-weight dtypes that override `dtype`.
+        verbose (bool): Log each placement decision (default False).
+        clean_result (bool): Merge the entries of a module whose parts all go to one device (default
+            True).
+        offload_buffers (bool): Count buffers of offloaded modules as offloaded too (default False).
+        fallback_allocation (bool): When the next module does not fit on a device that holds
+            nothing yet, place there the first module (searched breadth first) that fits, instead
+            of moving on to the next device (default False).
+
+    Returns:
+        dict[str, int | str]: Module names to a GPU index, "cpu" or "disk".
 
     Example:
-    ```py
-    >>> with init_empty_weights():
-    ...     model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 1000))
-    >>> infer_auto_device_map(model, max_memory={"cpu": "5MB"})
-    {'0': 'cpu', '1': 'disk'}
-    ```
+        >>> import torch
+        >>> from cadence import init_empty_weights
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Sequential(*[torch.nn.Linear(1000, 1000) for _ in range(3)])
+        >>> # 4 MB per layer; the CPU keeps room for one offloaded layer to run
+        >>> infer_auto_device_map(model, max_memory={"cpu": "9MB"})
+        {'0': 'cpu', '1': 'disk', '2': 'disk'}
     """
     max_memory = get_max_memory(max_memory)
     no_split = list(no_split_module_classes or [])
@@ -440,8 +498,17 @@ def _report_allocation(
 def check_device_map(
     model: nn.Module, device_map: Mapping[str, Union[int, str, torch.device]]
 ) -> None:
-    """Raise when `device_map` leaves some parameter or buffer of `model` without a device; warn
-    (UserWarning) about keys that name nothing in `model`, which are ignored."""
+    """Raise when `device_map` leaves a parameter or buffer of `model` without a device.
+
+    Keys that name nothing in `model` are ignored with a UserWarning.
+
+    Args:
+        model (torch.nn.Module): The model.
+        device_map (Mapping[str, int | str | torch.device]): Module names to devices.
+
+    Raises:
+        ValueError: Some tensors have no device (the message names them).
+    """
     known = {name for name, _ in model.named_modules()} | set(model.state_dict())
     unknown = [key for key in device_map if key != "" and key not in known]
     if unknown:

@@ -62,13 +62,30 @@ def cpu_offload(
     preload_module_classes: Optional[list[str]] = None,
 ) -> nn.Module:
     """Keep every weight of `model` on the CPU and bring each submodule's weights to `execution_device`
-    (default: where the model's first parameter is) only while it runs. Returns the model.
+    only while it runs.
+
+    The GPU then holds one layer's weights at a time: slow, but a model bigger than the GPU runs.
+
+    Args:
+        model (torch.nn.Module): The model, on the CPU.
+        execution_device (torch.device | None): Where the forward runs; None means the device of the
+            model's first parameter.
+        offload_buffers (bool): Offload buffers too (default False: buffers move to
+            `execution_device` once).
+        state_dict (dict[str, torch.Tensor] | None): The weights to keep on the CPU; None takes the
+            model's own state dict.
+        preload_module_classes (list[str] | None): Names of module classes whose weights are all brought
+            in before their forward (for modules that use their submodules' weights directly).
+
+    Returns:
+        torch.nn.Module: The same model, with hooks attached.
 
     Example:
-    ```py
-    >>> model = cpu_offload(model, execution_device="cuda:0")
-    >>> model(inputs)  # weights stream to the GPU layer by layer
-    ```
+        >>> import torch
+        >>> from cadence import cpu_offload
+        >>> model = cpu_offload(torch.nn.Linear(4, 2), execution_device="cpu")
+        >>> model(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
     """
     if execution_device is None:
         execution_device = _first_device(model)
@@ -91,17 +108,33 @@ def cpu_offload_with_hook(
     execution_device: Optional[Union[int, str, torch.device]] = None,
     prev_module_hook: Optional[UserCpuOffloadHook] = None,
 ) -> tuple[nn.Module, UserCpuOffloadHook]:
-    """Keep `model` on the CPU and move it whole to `execution_device` when it runs; it stays there
-    until `hook.offload()` (called by the next model's hook when chained with `prev_module_hook`).
+    """Keep `model` on the CPU and move it whole to `execution_device` when it runs, until `hook.offload()`.
+
+    Faster than `cpu_offload` for pipelines of several models used one after another: each runs at
+    full speed, and chaining them with `prev_module_hook` sends the previous one back to the CPU when
+    the next one starts.
+
+    Args:
+        model (torch.nn.Module): The model, on the CPU.
+        execution_device (int | str | torch.device | None): Where it runs; None means this process's
+            default device (its GPU when there is one, else the CPU).
+        prev_module_hook (UserCpuOffloadHook | None): The hook of the model that runs before this one;
+            it is offloaded when this model's forward starts.
+
+    Returns:
+        tuple[torch.nn.Module, UserCpuOffloadHook]: The model and its hook (`hook.offload()` sends it
+        back to the CPU; `hook.remove()` removes the hook).
 
     Example:
-    ```py
-    >>> model_1, hook_1 = cpu_offload_with_hook(model_1, cuda_device)
-    >>> model_2, hook_2 = cpu_offload_with_hook(model_2, cuda_device, prev_module_hook=hook_1)
-    >>> hid = model_1(input)  # model_1 goes to the GPU
-    >>> out = model_2(hid)  # model_1 back to the CPU, model_2 to the GPU
-    >>> hook_2.offload()  # model_2 back to the CPU
-    ```
+        >>> import torch
+        >>> from cadence import cpu_offload_with_hook
+        >>> encoder, encoder_hook = cpu_offload_with_hook(torch.nn.Linear(4, 4), "cpu")
+        >>> decoder, decoder_hook = cpu_offload_with_hook(
+        ...     torch.nn.Linear(4, 2), "cpu", prev_module_hook=encoder_hook
+        ... )
+        >>> decoder(encoder(torch.ones(1, 4))).shape  # the encoder leaves as the decoder arrives
+        torch.Size([1, 2])
+        >>> decoder_hook.offload()
     """
     hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
     add_hook_to_module(model, hook, append=True)
@@ -119,13 +152,28 @@ def disk_offload(
     offload_buffers: bool = False,
     preload_module_classes: Optional[list[str]] = None,
 ) -> nn.Module:
-    """Write the weights of `model` to `offload_dir` (unless it already holds an offload index) and
-    read each submodule's weights from there only while it runs. Returns the model.
+    """Write the weights of `model` to `offload_dir` and read each submodule's weights from there only
+    while it runs.
+
+    Args:
+        model (torch.nn.Module): The model.
+        offload_dir (str | os.PathLike): The folder for the weights (written unless it already holds an
+            offload index).
+        execution_device (torch.device | None): Where the forward runs; None means the device of the
+            model's first parameter.
+        offload_buffers (bool): Offload buffers too (default False).
+        preload_module_classes (list[str] | None): Module classes whose weights are all brought in
+            before their forward.
+
+    Returns:
+        torch.nn.Module: The same model, with hooks attached.
 
     Example:
-    ```py
-    >>> model = disk_offload(model, offload_dir="offload")
-    ```
+        >>> import torch
+        >>> from cadence import disk_offload
+        >>> model = disk_offload(torch.nn.Linear(4, 2), offload_dir="offload", execution_device="cpu")
+        >>> model(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
     """
     if not _has_offload_index(offload_dir):
         offload_state_dict(offload_dir, model.state_dict())
@@ -186,16 +234,44 @@ def dispatch_model(
 ) -> nn.Module:
     """Place `model` following `device_map` and attach the hooks that make its forward work across devices.
 
-    Modules mapped to a device are moved there; modules mapped to "cpu" (when a GPU is the main
-    device) or "disk" keep their weights there and bring them to the main device for their forward
-    (disk weights are written to `offload_dir` if it holds no offload index yet). Inputs follow the
-    weights from block to block and the outputs come back to the device of the inputs. The model
-    gets `hf_device_map`. With a single device and no `force_hooks`, the model is just moved there.
+    Modules mapped to a device are moved there; modules mapped to "cpu" (when a GPU is the main device)
+    or "disk" keep their weights there and bring them to the main device for their forward (disk
+    weights are written to `offload_dir` unless it already holds an offload index). Inputs follow the
+    weights from block to block and the outputs come back to the device of the inputs. The model gets
+    an `hf_device_map` attribute. With a single device and no `force_hooks`, the model is just moved.
+
+    Args:
+        model (torch.nn.Module): The model (its weights loaded, or on meta for the modules mapped to
+            "disk" with an existing offload).
+        device_map (dict[str, int | str | torch.device]): Module names (as in `named_modules`; "" for
+            the whole model) to a GPU index, "cpu", "mps", "disk" or a `torch.device`. It must cover
+            every parameter and name only modules the model has (ValueError otherwise).
+        main_device (torch.device | None): Where offloaded modules run; None means the first device of
+            the map that is not "cpu" or "disk".
+        state_dict (dict[str, torch.Tensor] | None): The CPU-offloaded weights; None takes them from the
+            model.
+        offload_dir (str | os.PathLike | None): The folder for "disk" weights; required when the map
+            uses "disk" and `offload_index` is not given.
+        offload_index (dict[str, str] | None): An existing offload index, instead of writing one.
+        offload_buffers (bool): Offload the buffers of offloaded modules too (default False).
+        skip_keys (str | list[str] | None): Output keys not moved between devices (caches kept in place).
+        preload_module_classes (list[str] | None): Module classes whose weights are all brought in
+            before their forward.
+        force_hooks (bool): Attach the hooks even when the whole model is on one device (default False).
+
+    Returns:
+        torch.nn.Module: The dispatched model.
+
+    Raises:
+        ValueError: An invalid device map, or "disk" without `offload_dir` or `offload_index`.
 
     Example:
-    ```py
-    >>> model = dispatch_model(model, {"embed": 0, "blocks": "cpu", "head": "disk"}, offload_dir="offload")
-    ```
+        >>> import torch
+        >>> from cadence import dispatch_model
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        >>> model = dispatch_model(model, {"0": "cpu", "1": "disk"}, offload_dir="offload")
+        >>> model(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
     """
     validate_device_map(model, device_map)
     devices = set(device_map.values())
@@ -293,22 +369,57 @@ def load_checkpoint_and_dispatch(
     full_state_dict: bool = True,
     broadcast_from_rank0: bool = False,
 ) -> nn.Module:
-    """Load a checkpoint into a (usually empty) model and dispatch it: `load_checkpoint_in_model`
-    then `dispatch_model`.
+    """Load a checkpoint into a (usually empty) model and spread it over the available devices.
 
-    `device_map` is a dict, or "auto"/"balanced" (spread evenly over the GPUs), "balanced_low_0"
-    (GPU 0 keeps room for `generate`) or "sequential" (fill the GPUs in order), computed from
-    `max_memory` with `infer_auto_device_map`. When part of the model goes to disk,
-    `offload_state_dict` defaults to True.
+    It runs `load_checkpoint_in_model`, then `dispatch_model`. With a named `device_map` the map is
+    computed from `max_memory` with `infer_auto_device_map`: the usual way to run a model bigger than
+    one GPU, or bigger than the CPU's memory, for inference.
+
+    Args:
+        model (torch.nn.Module): The model, typically built under `init_empty_weights`.
+        checkpoint (str | os.PathLike): A weights file (safetensors, or a torch file read with
+            `weights_only=True`), the `.index.json` of a sharded checkpoint, or a folder holding either.
+        device_map (str | dict | None): Where each module goes: a dict as for `dispatch_model`, or
+            "auto"/"balanced" (spread evenly over the GPUs, then CPU, then disk), "balanced_low_0" (GPU 0
+            keeps room for `generate`), "sequential" (fill GPU 0 first). None loads everything where the
+            model is. Another string raises ValueError.
+        max_memory (dict[int | str, int | str] | None): The most each device may hold (`{0: "10GiB",
+            "cpu": "30GiB"}`); None means the free memory of each.
+        no_split_module_classes (list[str] | None): Module classes kept whole on one device (blocks with
+            residual connections, e.g. `["GPTJBlock"]`).
+        offload_folder (str | os.PathLike | None): Where weights mapped to "disk" are written.
+        offload_buffers (bool): Offload buffers with their modules (default False).
+        dtype (str | torch.dtype | None): Cast floating-point weights to this dtype while loading.
+        offload_state_dict (bool | None): Park CPU weights on disk while loading, to keep peak memory
+            low; None means True when part of the model goes to disk.
+        skip_keys (str | list[str] | None): Output keys not moved between devices.
+        preload_module_classes (list[str] | None): Module classes whose weights are all brought in
+            before their forward.
+        force_hooks (bool): Attach the dispatch hooks even on a single device (default False).
+        strict (bool): Raise when the checkpoint and the model do not hold the same weights (default
+            False: a warning lists them).
+        full_state_dict (bool): For a sharded (DTensor) model, the checkpoint holds full tensors
+            (default True).
+        broadcast_from_rank0 (bool): For a sharded model on several processes, only rank 0 reads the
+            file and sends the weights to the others (default False).
+
+    Returns:
+        torch.nn.Module: The loaded, dispatched model.
+
+    Raises:
+        ValueError: An unknown `device_map` name, an invalid map, or weights that do not match with
+            `strict=True`.
 
     Example:
-    ```py
-    >>> with init_empty_weights():
-    ...     model = AutoModelForCausalLM.from_config(config)
-    >>> model = load_checkpoint_and_dispatch(
-    ...     model, weights_location, device_map="auto", no_split_module_classes=["GPTJBlock"]
-    ... )
-    ```
+        >>> import torch
+        >>> from cadence import init_empty_weights, load_checkpoint_and_dispatch
+        >>> from safetensors.torch import save_file
+        >>> save_file(torch.nn.Linear(4, 2).state_dict(), "weights.safetensors")
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Linear(4, 2)
+        >>> model = load_checkpoint_and_dispatch(model, "weights.safetensors", device_map={"": "cpu"})
+        >>> model.weight.device
+        device(type='cpu')
     """
     if isinstance(device_map, str) and device_map not in _AUTO_MAPS:
         raise ValueError(
@@ -366,14 +477,30 @@ def attach_layerwise_casting_hooks(
     skip_modules_classes: Optional[tuple[type[nn.Module], ...]] = None,
     non_blocking: bool = False,
 ) -> None:
-    """Store the weights of the Linear/Conv layers of `module` in `storage_dtype` and run them in
-    `compute_dtype` (a LayerwiseCastingHook each), except the layers whose name matches
-    `skip_modules_pattern` (regexes) or whose class is in `skip_modules_classes`.
+    """Store the weights of the Linear and Conv layers of `module` in `storage_dtype` and compute in `compute_dtype`.
+
+    Each such layer gets a `LayerwiseCastingHook`: its weights are cast up before its forward and back
+    down after, so a model stored in a small dtype (float8) computes in a precise one (bfloat16).
+
+    Args:
+        module (torch.nn.Module): The model.
+        storage_dtype (torch.dtype): The dtype the weights are kept in between forwards.
+        compute_dtype (torch.dtype): The dtype each layer computes in.
+        skip_modules_pattern (str | tuple[str, ...] | None): Regular expressions; layers whose name
+            matches one keep their dtype (None: no layer is skipped by name).
+        skip_modules_classes (tuple[type[torch.nn.Module], ...] | None): Layer classes that keep their
+            dtype.
+        non_blocking (bool): Cast with `non_blocking=True` (default False).
 
     Example:
-    ```py
-    >>> attach_layerwise_casting_hooks(model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
-    ```
+        >>> import torch
+        >>> from cadence.big_modeling import attach_layerwise_casting_hooks
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        >>> attach_layerwise_casting_hooks(
+        ...     model, storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16
+        ... )
+        >>> model[0].weight.dtype, model(torch.ones(1, 4, dtype=torch.bfloat16)).dtype
+        (torch.float8_e4m3fn, torch.bfloat16)
     """
     import re
 

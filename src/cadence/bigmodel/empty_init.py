@@ -20,15 +20,20 @@ def _include_buffers_default() -> bool:
 def init_on_device(
     device: Union[str, torch.device], include_buffers: Optional[bool] = None
 ) -> Iterator[None]:
-    """Inside the block, the parameters of every module created are put on `device` as soon as they are
-    registered (and the buffers too with `include_buffers=True`, default from the environment variable
-    ACCELERATE_INIT_INCLUDE_BUFFERS).
+    """Create the parameters of every module built inside the block directly on `device`.
+
+    Args:
+        device (str | torch.device): Where parameters go ("cuda:0", "cpu", "meta", ...).
+        include_buffers (bool | None): Put buffers there too (then every tensor created in the block
+            lands on `device`). None reads `ACCELERATE_INIT_INCLUDE_BUFFERS` (default False).
 
     Example:
-    ```py
-    >>> with init_on_device(device=torch.device("cuda")):
-    ...     tst = torch.nn.Linear(100, 100)  # on `cuda` device
-    ```
+        >>> import torch
+        >>> from cadence.big_modeling import init_on_device
+        >>> with init_on_device("meta"):
+        ...     layer = torch.nn.Linear(100, 100)
+        >>> layer.weight.is_meta
+        True
     """
     if include_buffers is None:
         include_buffers = _include_buffers_default()
@@ -60,15 +65,24 @@ def init_on_device(
 
 @contextlib.contextmanager
 def init_empty_weights(include_buffers: Optional[bool] = None) -> Iterator[None]:
-    """Inside the block, models are created with their parameters on the meta device: shapes and
-    dtypes without memory, so any size of model is built instantly (then load it with
-    `load_checkpoint_and_dispatch`). Buffers stay on the CPU unless `include_buffers=True`.
+    """Build models inside the block without allocating their weights (parameters go to the meta device).
+
+    Every parameter registered in the block is created on PyTorch's "meta" device: it has a shape and a
+    dtype but no memory, so a model of any size is built at once. Load real weights afterwards with
+    `load_checkpoint_and_dispatch` (or `load_checkpoint_in_model`); until then the model cannot run.
+
+    Args:
+        include_buffers (bool | None): Put buffers (BatchNorm statistics, ...) on the meta device too.
+            None reads `ACCELERATE_INIT_INCLUDE_BUFFERS` (default False: buffers stay on the CPU, as
+            they are small and often not in checkpoints).
 
     Example:
-    ```py
-    >>> with init_empty_weights():
-    ...     tst = torch.nn.Sequential(*[torch.nn.Linear(10000, 10000) for _ in range(1000)])
-    ```
+        >>> import torch
+        >>> from cadence import init_empty_weights
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Sequential(*[torch.nn.Linear(10_000, 10_000) for _ in range(100)])
+        >>> model[0].weight.device  # 40 GB of fp32 weights, none allocated
+        device(type='meta')
     """
     with init_on_device(torch.device("meta"), include_buffers=include_buffers) as context:
         yield context

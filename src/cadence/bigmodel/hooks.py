@@ -64,48 +64,113 @@ class ModelHook:
                     return args, kwargs
 
             add_hook_to_module(model, PrintShapes())
+
+        Args:
+            module (nn.Module): The module the hook is being attached to.
+
+        Returns:
+            nn.Module: The module to use from now on (usually `module` itself).
         """
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        """Run just before the forward of `module`; return the `(args, kwargs)` to call it with."""
+        """Run just before the forward of `module`; return the `(args, kwargs)` to call it with.
+
+        Args:
+            module (nn.Module): The module about to run.
+            *args: The positional inputs of its forward.
+            **kwargs: The keyword inputs of its forward.
+
+        Returns:
+            tuple[tuple, dict]: The positional and keyword inputs to call the forward with.
+        """
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
-        """Run just after the forward of `module`; return the output to hand back."""
+        """Run just after the forward of `module`; return the output to hand back.
+
+        Args:
+            module (nn.Module): The module that just ran.
+            output (Any): What its forward returned.
+
+        Returns:
+            The output to hand back to the caller.
+        """
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
-        """Run when the hook is removed from `module`; return the module to keep."""
+        """Run when the hook is removed from `module`; return the module to keep.
+
+        Args:
+            module (nn.Module): The module the hook is being removed from.
+
+        Returns:
+            nn.Module: The module to keep.
+        """
         return module
 
 
 class SequentialHook(ModelHook):
-    """Several hooks run one after the other (pre_forward and post_forward in the same order)."""
+    """Several hooks run one after the other (pre_forward and post_forward in the same order).
+
+    Args:
+        *hooks (ModelHook): The hooks, in the order they run.
+    """
 
     def __init__(self, *hooks: ModelHook) -> None:
         self.hooks = hooks
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        """Apply every hook's `init_hook` in order, each to the previous one's result."""
+        """Apply every hook's `init_hook` in order, each to the previous one's result.
+
+        Args:
+            module (nn.Module): The module the hook is being attached to.
+
+        Returns:
+            nn.Module: The module to use from now on (usually `module` itself).
+        """
         for hook in self.hooks:
             module = hook.init_hook(module)
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        """Pass `(args, kwargs)` through every hook's `pre_forward` in order."""
+        """Pass `(args, kwargs)` through every hook's `pre_forward` in order.
+
+        Args:
+            module (nn.Module): The module about to run.
+            *args: The positional inputs of its forward.
+            **kwargs: The keyword inputs of its forward.
+
+        Returns:
+            tuple[tuple, dict]: The positional and keyword inputs to call the forward with.
+        """
         for hook in self.hooks:
             args, kwargs = hook.pre_forward(module, *args, **kwargs)
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
-        """Pass the output through every hook's `post_forward` in order."""
+        """Pass the output through every hook's `post_forward` in order.
+
+        Args:
+            module (nn.Module): The module that just ran.
+            output (Any): What its forward returned.
+
+        Returns:
+            The output to hand back to the caller.
+        """
         for hook in self.hooks:
             output = hook.post_forward(module, output)
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
-        """Apply every hook's `detach_hook` in order, each to the previous one's result."""
+        """Apply every hook's `detach_hook` in order, each to the previous one's result.
+
+        Args:
+            module (nn.Module): The module the hook is being removed from.
+
+        Returns:
+            nn.Module: The module to keep.
+        """
         for hook in self.hooks:
             module = hook.detach_hook(module)
         return module
@@ -131,14 +196,20 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
     """Attach `hook` to `module` (replacing its hook, or after it with `append=True`); returns the module.
 
     Example:
-    ```py
-    >>> class Scale(ModelHook):
-    ...     def post_forward(self, module, output):
-    ...         return output * 2
-    >>> layer = add_hook_to_module(torch.nn.Identity(), Scale())
-    >>> layer(torch.ones(1))
-    tensor([2.])
-    ```
+        >>> class Scale(ModelHook):
+        ...     def post_forward(self, module, output):
+        ...         return output * 2
+        >>> layer = add_hook_to_module(torch.nn.Identity(), Scale())
+        >>> layer(torch.ones(1))
+        tensor([2.])
+
+    Args:
+        module (nn.Module): The module whose forward is wrapped.
+        hook (ModelHook): The hook to attach.
+        append (bool): Keep an existing hook and run this one after it (default False: replace it).
+
+    Returns:
+        nn.Module: The module, as the hook's `init_hook` returned it.
     """
     if append and getattr(module, "_hf_hook", None) is not None:
         previous = module._hf_hook
@@ -160,7 +231,15 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
 
 
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
-    """Detach the hook of `module` (and of its submodules with `recurse=True`), restoring its forward."""
+    """Detach the hook of `module` (and of its submodules with `recurse=True`), restoring its forward.
+
+    Args:
+        module (nn.Module): The module to clean.
+        recurse (bool): Clean every submodule too (default False).
+
+    Returns:
+        nn.Module: The same module.
+    """
     if hasattr(module, "_hf_hook"):
         module._hf_hook.detach_hook(module)
         del module._hf_hook
@@ -183,7 +262,11 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
 
 
 def remove_hook_from_submodules(module: nn.Module) -> None:
-    """Remove the hooks of `module` and of every submodule."""
+    """Remove the hooks of `module` and of every submodule.
+
+    Args:
+        module (nn.Module): The root of the modules to clean.
+    """
     remove_hook_from_module(module, recurse=True)
 
 
@@ -194,6 +277,20 @@ class AlignDevicesHook(ModelHook):
     `io_same_device=True` moves the outputs back to the device of the inputs; `place_submodules`
     makes the hook handle the submodules' weights too; `offload_buffers` offloads buffers as well
     (else they stay on `execution_device`); `skip_keys` are input/output keys never moved.
+
+    Args:
+        execution_device (int | str | torch.device | None): Where the module runs; None leaves inputs
+            and weights where they are.
+        offload (bool): Keep the weights off the device (on meta) between forwards (default False).
+        io_same_device (bool): Move the outputs back to the device of the inputs (default False).
+        weights_map (Mapping | None): Where offloaded weights are read from, by name relative to the
+            module; None keeps a CPU copy of the module's own weights.
+        offload_buffers (bool): Offload the buffers too (default False).
+        place_submodules (bool): Handle the submodules' weights as well as the module's own.
+        skip_keys (str | list[str] | None): Keys of dict inputs and outputs that are never moved.
+        tied_params_map (dict[int, dict[torch.device, torch.Tensor]] | None): Shared by the hooks of a
+            model, so that tied weights are loaded onto a device once: keyed by the offloaded tensor's
+            data pointer, then by device.
     """
 
     def __init__(
@@ -241,7 +338,14 @@ class AlignDevicesHook(ModelHook):
         ]
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        """Place the module's tensors: on the execution device, or on meta when offloaded."""
+        """Place the module's tensors: on the execution device, or on meta when offloaded.
+
+        Args:
+            module (nn.Module): The module the hook is being attached to.
+
+        Returns:
+            nn.Module: The module to use from now on (usually `module` itself).
+        """
         if (
             self.execution_device is not None
             and to_torch_device(self.execution_device).type == "meta"
@@ -282,7 +386,16 @@ class AlignDevicesHook(ModelHook):
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        """Load offloaded weights onto the execution device and move the inputs there."""
+        """Load offloaded weights onto the execution device and move the inputs there.
+
+        Args:
+            module (nn.Module): The module about to run.
+            *args: The positional inputs of its forward.
+            **kwargs: The keyword inputs of its forward.
+
+        Returns:
+            tuple[tuple, dict]: The positional and keyword inputs to call the forward with.
+        """
         if self.io_same_device:
             self.input_device = find_device([args, kwargs])
         if self.offload:
@@ -319,7 +432,15 @@ class AlignDevicesHook(ModelHook):
         )
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
-        """Send offloaded weights back to meta; move the output to the input's device if asked."""
+        """Send offloaded weights back to meta; move the output to the input's device if asked.
+
+        Args:
+            module (nn.Module): The module that just ran.
+            output (Any): What its forward returned.
+
+        Returns:
+            The output to hand back to the caller.
+        """
         if self.offload:
             for name in self._offloaded_tensors(module):
                 set_module_tensor_to_device(module, name, "meta", clear_cache=False)
@@ -331,7 +452,14 @@ class AlignDevicesHook(ModelHook):
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
-        """Put offloaded tensors back on the devices they had before the hook was attached."""
+        """Put offloaded tensors back on the devices they had before the hook was attached.
+
+        Args:
+            module (nn.Module): The module the hook is being removed from.
+
+        Returns:
+            nn.Module: The module to keep.
+        """
         if self.offload:
             for name, device in self.original_devices.items():
                 if device.type != "meta":
@@ -353,6 +481,12 @@ class CpuOffload(ModelHook):
 
     It stays there until `UserCpuOffloadHook.offload()` is called, typically by the next model's
     hook (`prev_module_hook`), so chained models take turns on the GPU.
+
+    Args:
+        execution_device (int | str | torch.device | None): Where the model runs; None means the
+            process's default device.
+        prev_module_hook (UserCpuOffloadHook | None): The handle of the model that runs before this one,
+            offloaded when this one starts.
     """
 
     def __init__(
@@ -366,11 +500,27 @@ class CpuOffload(ModelHook):
         self.execution_device = execution_device
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        """Move the module to the CPU."""
+        """Move the module to the CPU.
+
+        Args:
+            module (nn.Module): The module the hook is being attached to.
+
+        Returns:
+            nn.Module: The module to use from now on (usually `module` itself).
+        """
         return module.to("cpu")
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        """Offload the previous model, move this one and the inputs to the execution device."""
+        """Offload the previous model, move this one and the inputs to the execution device.
+
+        Args:
+            module (nn.Module): The module about to run.
+            *args: The positional inputs of its forward.
+            **kwargs: The keyword inputs of its forward.
+
+        Returns:
+            tuple[tuple, dict]: The positional and keyword inputs to call the forward with.
+        """
         if self.prev_module_hook is not None:
             self.prev_module_hook.offload()
             if torch.cuda.is_available():
@@ -383,7 +533,12 @@ class CpuOffload(ModelHook):
 
 class UserCpuOffloadHook:
     """The handle `cpu_offload_with_hook` returns: `offload()` sends the model back to the CPU,
-    `remove()` removes the hook."""
+    `remove()` removes the hook.
+
+    Args:
+        model (nn.Module): The model the hook is attached to.
+        hook (ModelHook): Its `CpuOffload` hook.
+    """
 
     def __init__(self, model: nn.Module, hook: ModelHook) -> None:
         self.model = model
@@ -400,7 +555,13 @@ class UserCpuOffloadHook:
 
 class LayerwiseCastingHook(ModelHook):
     """Stores a module's weights in `storage_dtype` (e.g. float8) and casts them to `compute_dtype`
-    for the forward only."""
+    for the forward only.
+
+    Args:
+        storage_dtype (torch.dtype): The dtype the weights are kept in between forwards.
+        compute_dtype (torch.dtype): The dtype they are cast to for the forward.
+        non_blocking (bool): Cast asynchronously with respect to the host, where the device allows.
+    """
 
     _is_stateful = False
 
@@ -412,16 +573,40 @@ class LayerwiseCastingHook(ModelHook):
         self.non_blocking = non_blocking
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        """Cast the module's weights to the storage dtype."""
+        """Cast the module's weights to the storage dtype.
+
+        Args:
+            module (nn.Module): The module the hook is being attached to.
+
+        Returns:
+            nn.Module: The module to use from now on (usually `module` itself).
+        """
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-        """Cast the module's weights to the compute dtype for the forward."""
+        """Cast the module's weights to the compute dtype for the forward.
+
+        Args:
+            module (nn.Module): The module about to run.
+            *args: The positional inputs of its forward.
+            **kwargs: The keyword inputs of its forward.
+
+        Returns:
+            tuple[tuple, dict]: The positional and keyword inputs to call the forward with.
+        """
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
-        """Cast the module's weights back to the storage dtype after the forward."""
+        """Cast the module's weights back to the storage dtype after the forward.
+
+        Args:
+            module (nn.Module): The module that just ran.
+            output (Any): What its forward returned.
+
+        Returns:
+            The output to hand back to the caller.
+        """
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output

@@ -118,7 +118,13 @@ def load_state_dict(
 ) -> dict[str, torch.Tensor]:
     """All the tensors of one weights file: safetensors, or a torch file read with `weights_only=True`.
 
-    With a `device_map` naming a single device, a safetensors file is read straight onto it.
+    Args:
+        checkpoint_file (str | os.PathLike): The file.
+        device_map (Mapping[str, Any] | None): With a map naming a single device, a safetensors file is
+            read straight onto it; otherwise tensors are read to the CPU.
+
+    Returns:
+        dict[str, torch.Tensor]: Names to tensors.
     """
     path = os.fspath(checkpoint_file)
     if path.endswith(".safetensors"):
@@ -262,25 +268,49 @@ def load_checkpoint_in_model(
     full_state_dict: bool = True,
     broadcast_from_rank0: bool = False,
 ) -> None:
-    """Load a checkpoint into `model` (which may be on the meta device), placing each weight where
-    `device_map` says: a device, or "disk" (written to `offload_folder`, the module's weight left on
-    meta for `dispatch_model`).
+    """Load a checkpoint into `model` (which may be on the meta device), each weight where `device_map` says.
 
-    `checkpoint` is a weights file (safetensors, or torch read with `weights_only=True`), the
-    `.index.json` of a sharded checkpoint, or a folder holding either. `dtype` casts floating
-    weights (those of `keep_in_fp32_modules` stay float32 when `dtype` is float16);
-    `offload_state_dict` parks CPU weights on disk while loading, to keep peak memory low;
-    `offload_buffers` sends buffers of disk modules to disk too. With `strict=True`, weights the
-    model lacks or misses are an error (raised before anything is loaded when the names are known
-    from an index or safetensors headers); otherwise they are reported in a warning. Tied weights
-    are tied again at the end.
+    A weight mapped to a device is loaded there; one mapped to "disk" is written to `offload_folder`
+    and left on the meta device for `dispatch_model`. Tied weights are tied again at the end.
+
+    Args:
+        model (torch.nn.Module): The model, often built under `init_empty_weights`.
+        checkpoint (str | os.PathLike): A weights file (safetensors, or a torch file read with
+            `weights_only=True`), the `.index.json` of a sharded checkpoint, or a folder holding either.
+        device_map (dict[str, int | str | torch.device] | None): Module names to devices ("cpu", a GPU
+            index, "disk"); None loads every weight where the model's parameter is (the CPU for a meta
+            model).
+        offload_folder (str | os.PathLike | None): Where weights mapped to "disk" are written; required
+            when the map uses "disk".
+        dtype (str | torch.dtype | None): Cast floating-point weights to this dtype.
+        offload_state_dict (bool): Park CPU weights on disk while loading, so peak memory stays low
+            (default False).
+        offload_buffers (bool): Send the buffers of disk-mapped modules to disk too (default False).
+        keep_in_fp32_modules (list[str] | None): Modules whose weights stay float32 when `dtype` is
+            float16.
+        offload_8bit_bnb (bool): Offload bitsandbytes 8-bit weights too (default False).
+        strict (bool): Weights the model lacks, or that the checkpoint misses, are an error (raised
+            before anything is loaded when the names are known from an index or safetensors headers);
+            False (default) lists them in a warning.
+        full_state_dict (bool): For a sharded (DTensor) model, the checkpoint holds full tensors (default
+            True).
+        broadcast_from_rank0 (bool): For a sharded model, only rank 0 reads the file and sends the
+            weights to the others (default False).
+
+    Raises:
+        ValueError: An invalid device map, "disk" without `offload_folder`, or mismatched weights with
+            `strict=True`.
 
     Example:
-    ```py
-    >>> with init_empty_weights():
-    ...     model = MyModel()
-    >>> load_checkpoint_in_model(model, "checkpoint_folder", device_map={"": "cpu"})
-    ```
+        >>> import torch
+        >>> from cadence import init_empty_weights, load_checkpoint_in_model
+        >>> from safetensors.torch import save_file
+        >>> save_file(torch.nn.Linear(2, 2).state_dict(), "model.safetensors")
+        >>> with init_empty_weights():
+        ...     model = torch.nn.Linear(2, 2)
+        >>> load_checkpoint_in_model(model, "model.safetensors", device_map={"": "cpu"})
+        >>> model.weight.device
+        device(type='cpu')
     """
     if offload_8bit_bnb:
         raise NotImplementedError(

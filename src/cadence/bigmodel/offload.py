@@ -49,7 +49,17 @@ def offload_weight(
     offload_folder: Union[str, os.PathLike],
     index: Optional[dict[str, Any]] = None,
 ) -> Optional[dict[str, Any]]:
-    """Write `weight` to `offload_folder/<weight_name>.dat` and record it in `index` (returned)."""
+    """Write `weight` to `offload_folder/<weight_name>.dat` and record it in `index` (returned).
+
+    Args:
+        weight (torch.Tensor): The tensor to write (any device).
+        weight_name (str): Its name, also the file's name.
+        offload_folder (str | os.PathLike): An existing folder to write into.
+        index (dict[str, Any] | None): The index to add the entry to; None records nothing.
+
+    Returns:
+        dict[str, Any] | None: `index`, with the new entry.
+    """
     name = _index_dtype(weight.dtype)
     data = weight.detach()
     if name in _VIEW_AS or name.startswith("float8_"):
@@ -73,6 +83,16 @@ def load_offloaded_weight(
 
     The result is backed by a copy-on-write memory map of the file: writing to it never changes
     the file.
+
+    Args:
+        weight_file (str | os.PathLike): The `.dat` file.
+        weight_info (Mapping[str, Any]): Its index entry, with "dtype" and "shape".
+
+    Returns:
+        torch.Tensor: The weight, on the CPU.
+
+    Raises:
+        ValueError: A file shorter than its entry says (a damaged folder).
     """
     import numpy as np  # lazy: a core dependency, kept out of `import cadence`
 
@@ -101,7 +121,12 @@ def load_offloaded_weight(
 def save_offload_index(
     index: Optional[dict[str, Any]], offload_folder: Union[str, os.PathLike]
 ) -> None:
-    """Merge `index` into `offload_folder/index.json` (nothing happens for an empty index)."""
+    """Merge `index` into `offload_folder/index.json` (nothing happens for an empty index).
+
+    Args:
+        index (dict[str, Any] | None): Entries to add (name -> dtype and shape).
+        offload_folder (str | os.PathLike): The folder whose `index.json` is written.
+    """
     if not index:
         return
     path = os.path.join(os.fspath(offload_folder), OFFLOAD_INDEX_NAME)
@@ -120,11 +145,13 @@ def offload_state_dict(
     """Write every tensor of `state_dict` into the folder `save_dir` (created) with its index.
 
     Example:
-    ```py
-    >>> offload_state_dict("offload", {"weight": torch.ones(2)})
-    >>> sorted(os.listdir("offload"))
-    ['index.json', 'weight.dat']
-    ```
+        >>> offload_state_dict("offload", {"weight": torch.ones(2)})
+        >>> sorted(os.listdir("offload"))
+        ['index.json', 'weight.dat']
+
+    Args:
+        save_dir (str | os.PathLike): The folder to write (created when missing).
+        state_dict (Mapping[str, torch.Tensor]): The tensors, by name.
     """
     os.makedirs(save_dir, exist_ok=True)
     index: dict[str, Any] = {}
@@ -137,10 +164,12 @@ class PrefixedDataset(Mapping):
     """A read-only view of `dataset` where key `k` means `prefix + k` (the weights of one submodule).
 
     Example:
-    ```py
-    >>> PrefixedDataset({"block.weight": 1}, "block.")["weight"]
-    1
-    ```
+        >>> PrefixedDataset({"block.weight": 1}, "block.")["weight"]
+        1
+
+    Args:
+        dataset (Mapping): The whole mapping (the weights of the model).
+        prefix (str): What is put before every key, e.g. "encoder.layer.0.".
     """
 
     def __init__(self, dataset: Mapping, prefix: str) -> None:
@@ -163,6 +192,18 @@ class OffloadedWeightsLoader(Mapping):
     Weights on disk are read when asked for; with `device` they are moved there. An index entry may
     also point into a safetensors file (`{"safetensors_file": ..., "weight_name": ..., "dtype": ...}`),
     which is read directly instead of a `.dat` copy.
+
+    Args:
+        state_dict (dict[str, torch.Tensor] | None): Weights kept in memory.
+        save_folder (str | os.PathLike | None): The offload folder (with its `index.json`) holding the
+            other weights.
+        index (Mapping[str, Any] | None): The folder's index, if already read; None reads it from
+            `save_folder`.
+        device (Any): Where weights read from disk are moved; None leaves them on the CPU.
+
+    Raises:
+        ValueError: None of `state_dict`, `save_folder` and `index`.
+        FileNotFoundError: A `save_folder` without an `index.json`.
     """
 
     def __init__(
@@ -222,7 +263,15 @@ class OffloadedWeightsLoader(Mapping):
 def extract_submodules_state_dict(
     state_dict: Mapping[str, torch.Tensor], submodule_names: list[str]
 ) -> dict[str, torch.Tensor]:
-    """The entries of `state_dict` that belong to one of `submodule_names` (or are one of them)."""
+    """The entries of `state_dict` that belong to one of `submodule_names` (or are one of them).
+
+    Args:
+        state_dict (Mapping[str, torch.Tensor]): The state dict of the whole model.
+        submodule_names (list[str]): Names of submodules (or of tensors); "" selects everything.
+
+    Returns:
+        dict[str, torch.Tensor]: The selected entries, with their full names.
+    """
     result = {}
     for name in submodule_names:
         prefix = f"{name}." if name else ""
@@ -235,7 +284,13 @@ def extract_submodules_state_dict(
 def load_offloaded_weights(
     model: nn.Module, index: Mapping[str, Any], offload_folder: Union[str, os.PathLike]
 ) -> None:
-    """Read every weight listed in `index` from `offload_folder` back into `model`, on CPU."""
+    """Read every weight listed in `index` from `offload_folder` back into `model`, on CPU.
+
+    Args:
+        model (nn.Module): The model whose tensors are set.
+        index (Mapping[str, Any]): The offload index: tensor names and their dtype and shape.
+        offload_folder (str | os.PathLike): The folder holding the `.dat` files.
+    """
     if not index:
         return
     for name, info in index.items():

@@ -40,6 +40,16 @@ def generate_device_map(
 
     Without `max_memory` each stage may hold 1.1x an equal share (plus the biggest layer), rounded up.
     The map is not cleaned, so its first entry on each device is a module the model can be cut at.
+
+    Args:
+        model (nn.Module): The model to split.
+        num_processes (int): The number of stages (default 1).
+        no_split_module_classes (list[str] | None): Class names of modules that must stay in one stage.
+        max_memory (dict | None): Bytes allowed per stage (device index -> size); None computes equal
+            shares as described above.
+
+    Returns:
+        dict[str, int | str]: Module names and their stage.
     """
     if num_processes == 1:
         return infer_auto_device_map(
@@ -74,7 +84,15 @@ def _batch_size(value: Any) -> Optional[int]:
 
 
 def find_pippy_batch_size(args: Any, kwargs: Any) -> Optional[int]:
-    """The first dimension of the first tensor in `args`, else in `kwargs` (None when there is none)."""
+    """The first dimension of the first tensor in `args`, else in `kwargs` (None when there is none).
+
+    Args:
+        args (Any): The positional inputs.
+        kwargs (Any): The keyword inputs.
+
+    Returns:
+        int | None: The batch size.
+    """
     found = _batch_size(list(args or ()))
     if found is None and kwargs:
         found = _batch_size(dict(kwargs))
@@ -100,7 +118,18 @@ def build_pipeline(
     model: nn.Module, split_points: list[str], args: tuple, kwargs: Optional[dict], num_chunks: int
 ) -> Any:
     """Trace `model` with the example inputs, cut it before each of `split_points`, and return this
-    process's GPipe schedule over its stage."""
+    process's GPipe schedule over its stage.
+
+    Args:
+        model (nn.Module): The model to split.
+        split_points (list[str]): Names of the modules each new stage starts at.
+        args (tuple): Example positional inputs of one micro-batch, for tracing.
+        kwargs (dict | None): Example keyword inputs of one micro-batch.
+        num_chunks (int): The number of micro-batches per batch.
+
+    Returns:
+        The `torch.distributed.pipelining.ScheduleGPipe` of this process's stage.
+    """
     from torch.distributed.pipelining import (  # optional dependency
         ScheduleGPipe,
         SplitPoint,
@@ -135,7 +164,21 @@ def pippy_forward(
 ) -> Any:
     """Run one step of the schedule: the first process feeds the batch (padded to a multiple of
     `num_chunks`), the last returns the output, the others return None (or the output with
-    `gather_output`)."""
+    `gather_output`).
+
+    Args:
+        forward (Callable): The schedule's `step`.
+        num_chunks (int): The number of micro-batches per batch.
+        gather_output (bool): Send the last stage's output to every process.
+        *args: The positional inputs (used on the first process).
+        **kwargs: The keyword inputs (used on the first process).
+
+    Returns:
+        The output on the last process (everywhere with `gather_output`); None elsewhere.
+
+    Raises:
+        ValueError: Inputs with no tensor to find the batch size from.
+    """
 
     state = PartialState()
     output = None
@@ -167,22 +210,34 @@ def prepare_pippy(
     num_chunks: Optional[int] = None,
     gather_output: Optional[bool] = False,
 ) -> nn.Module:
-    """Split `model` into one pipeline stage per process for inference; returns it with a new forward.
+    """Split `model` into one pipeline stage per process, for inference; returns it with a new forward.
 
-    `split_points` are the module names where a new stage begins, or "auto" to cut it into stages
-    of equal size. `example_args` / `example_kwargs` are inputs of one micro-batch used to trace the
-    model (on CPU); `num_chunks` micro-batches (default: the process count) go through at once.
-    Call the model on every process: the first process's inputs are used; the last process gets the
-    output, the others None unless `gather_output=True`.
+    Every process calls the model with the same arguments; the first process's inputs go through the
+    stages in `num_chunks` micro-batches, and the last process gets the output (the others get None
+    unless `gather_output=True`).
+
+    Args:
+        model (torch.nn.Module): The model, whole on every process.
+        split_points (str | list[str] | None): Module names where a new stage begins, or "auto"
+            (default) to cut the model into stages of equal size.
+        no_split_module_classes (list[str] | None): With "auto", module classes never cut in two.
+        example_args (tuple): Positional inputs of one micro-batch, used to trace the model (on CPU).
+        example_kwargs (dict | None): Keyword inputs of one micro-batch.
+        num_chunks (int | None): Micro-batches in flight; None means the number of processes.
+        gather_output (bool): Send the output to every process (default False).
+
+    Returns:
+        torch.nn.Module: The model, its forward running this process's stage.
+
+    Raises:
+        ImportError: `torch.distributed.pipelining` is missing (PyTorch older than 2.4).
 
     Example:
-    ```py
-    >>> model = prepare_pippy(model, split_points="auto", example_args=(example_input,))
-    >>> with torch.no_grad():
-    ...     output = model(batch)  # on every process
-    >>> if PartialState().is_last_process:
-    ...     print(output)
-    ```
+        >>> model = prepare_pippy(model, split_points="auto", example_args=(example_input,))  # doctest: +SKIP
+        >>> with torch.no_grad():  # doctest: +SKIP
+        ...     output = model(batch)  # on every process
+        >>> if PartialState().is_last_process:  # doctest: +SKIP
+        ...     print(output)
     """
     if not is_pippy_available():
         raise ImportError("Using `torch.distributed.pipelining` requires PyTorch 2.4.0 or later.")

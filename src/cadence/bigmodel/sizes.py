@@ -29,10 +29,17 @@ def convert_file_size_to_int(size: Union[int, str]) -> int:
     """Bytes in `size`: an int, or a string like "5GB" (decimal), "5GiB" (binary) or "5Gb" (bits).
 
     Example:
-    ```py
-    >>> convert_file_size_to_int("1MiB")
-    1048576
-    ```
+        >>> convert_file_size_to_int("1MiB")
+        1048576
+
+    Args:
+        size (int | str): A non-negative number of bytes, or a number with a unit.
+
+    Returns:
+        int: The number of bytes.
+
+    Raises:
+        ValueError: A negative number, or text without a known unit.
     """
     if isinstance(size, bool) or not isinstance(size, (int, str)):
         raise ValueError(_SIZE_ERROR.format(size=size))
@@ -59,10 +66,17 @@ def dtype_byte_size(dtype: torch.dtype) -> Union[int, float]:
     """Bytes taken by one element of `dtype` (1/8 for bool, as the reference counts it).
 
     Example:
-    ```py
-    >>> dtype_byte_size(torch.float32)
-    4
-    ```
+        >>> dtype_byte_size(torch.float32)
+        4
+
+    Args:
+        dtype (torch.dtype): The element type.
+
+    Returns:
+        int | float: Its size in bytes.
+
+    Raises:
+        ValueError: A dtype whose name gives no bit width.
     """
     if dtype == torch.bool:
         return 1 / 8
@@ -81,6 +95,14 @@ def get_non_persistent_buffers(
     """Names of the buffers registered with `persistent=False` (not in the state dict).
 
     With `recurse=True` the submodules' ones are included, prefixed by their path when `fqns=True`.
+
+    Args:
+        module (nn.Module): The module to inspect.
+        recurse (bool): Include the submodules' buffers (default False).
+        fqns (bool): Name the submodules' buffers by their full path (default False: their own name).
+
+    Returns:
+        set[str]: The buffer names.
     """
     names = set(module._non_persistent_buffers_set)
     if recurse:
@@ -101,10 +123,17 @@ def named_module_tensors(
     """The parameters, then (with `include_buffers`) the buffers of `module`, with their names.
 
     Example:
-    ```py
-    >>> dict(named_module_tensors(torch.nn.BatchNorm1d(2))).keys()
-    dict_keys(['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked'])
-    ```
+        >>> dict(named_module_tensors(torch.nn.BatchNorm1d(2))).keys()
+        dict_keys(['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked'])
+
+    Args:
+        module (nn.Module): The module to read.
+        include_buffers (bool): Yield the buffers too (default True).
+        recurse (bool): Include the submodules' tensors, by full path (default False).
+        remove_non_persistent (bool): Leave out buffers that are not in the state dict (default False).
+
+    Yields:
+        tuple[str, torch.Tensor]: Each name and tensor.
     """
     yield from module.named_parameters(recurse=recurse)
     if include_buffers:
@@ -147,10 +176,19 @@ def compute_module_sizes(
     (integer tensors keep theirs); `special_dtypes` gives the dtype of named tensors.
 
     Example:
-    ```py
-    >>> compute_module_sizes(torch.nn.Linear(4, 4))
-    {'': 80, 'weight': 64, 'bias': 16}
-    ```
+        >>> dict(compute_module_sizes(torch.nn.Linear(4, 4)))
+        {'': 80, 'weight': 64, 'bias': 16}
+
+    Args:
+        model (nn.Module): The model to measure.
+        dtype (str | torch.dtype | None): Count floating-point tensors at no more than this dtype's size
+            (the dtype the model will be loaded in); None counts them as they are.
+        special_dtypes (dict[str, str | torch.dtype] | None): The dtype of particular tensors, by full
+            name, overriding `dtype`.
+        buffers_only (bool): Count the buffers only (default False).
+
+    Returns:
+        dict[str, int]: Bytes by module or tensor name.
     """
     dtype = as_dtype(dtype)
     special_sizes = {k: dtype_byte_size(as_dtype(v)) for k, v in (special_dtypes or {}).items()}
@@ -180,7 +218,18 @@ def compute_module_total_buffer_size(
     special_dtypes: Optional[dict[str, Union[str, torch.dtype]]] = None,
 ) -> int:
     """Bytes of all the buffers of `model` (what must stay on the execution device when only
-    parameters are offloaded)."""
+    parameters are offloaded).
+
+    Args:
+        model (nn.Module): The model to measure.
+        dtype (str | torch.dtype | None): Count floating-point tensors at no more than this dtype's size
+            (the dtype the model will be loaded in); None counts them as they are.
+        special_dtypes (dict[str, str | torch.dtype] | None): The dtype of particular tensors, by full
+            name, overriding `dtype`.
+
+    Returns:
+        int: The buffers' bytes.
+    """
     return compute_module_sizes(model, dtype, special_dtypes, buffers_only=True).get("", 0)
 
 
@@ -196,11 +245,17 @@ def get_max_layer_size(
     as layers too.
 
     Example:
-    ```py
-    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 8))
-    >>> get_max_layer_size(list(model.named_children()), compute_module_sizes(model), [])
-    (160, ['1'])
-    ```
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 8))
+        >>> get_max_layer_size(list(model.named_children()), compute_module_sizes(model), [])
+        (160, ['1'])
+
+    Args:
+        modules (list[tuple[str, nn.Module]]): Named modules (or tensors) to look through.
+        module_sizes (dict[str, int]): Bytes by name, as `compute_module_sizes` returns them.
+        no_split_module_classes (list[str]): Class names of modules that must stay whole.
+
+    Returns:
+        tuple[int, list[str]]: The biggest layer's bytes and the names of the layers of that size.
     """
     max_size = 0
     layer_names: list[str] = []
@@ -221,7 +276,14 @@ def get_max_layer_size(
 
 
 def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
-    """Names in `module_sizes` that no other name extends (the tensors and childless modules)."""
+    """Names in `module_sizes` that no other name extends (the tensors and childless modules).
+
+    Args:
+        module_sizes (dict[str, int]): Bytes by name, as `compute_module_sizes` returns them.
+
+    Returns:
+        list[str]: The leaf names, in the mapping's order.
+    """
     leaves = []
     for name in module_sizes:
         if name == "":
@@ -232,7 +294,15 @@ def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
 
 
 def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
-    """(total bytes of `model`, (bytes of its biggest layer, that layer's names))."""
+    """(total bytes of `model`, (bytes of its biggest layer, that layer's names)).
+
+    Args:
+        model (nn.Module): The model to measure.
+
+    Returns:
+        tuple[int, tuple[int, list[str]]]: The model's bytes, and the biggest layer's bytes with the
+        names of the layers of that size.
+    """
     sizes = compute_module_sizes(model)
     no_split = getattr(model, "_no_split_modules", None) or []
     modules = (

@@ -27,7 +27,15 @@ def to_torch_device(device: DeviceLike) -> torch.device:
 
 
 def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
-    """True when both are the same device, "cuda" and "cuda:0" counting as the same."""
+    """True when both are the same device, "cuda" and "cuda:0" counting as the same.
+
+    Args:
+        first_device (torch.device): A device.
+        second_device (torch.device): Another device.
+
+    Returns:
+        bool: Whether they name the same device.
+    """
     if first_device.type != second_device.type:
         return False
     if first_device.type == "cuda" and (first_device.index is None or second_device.index is None):
@@ -70,12 +78,27 @@ def set_module_tensor_to_device(
     lets tied weights share one copy per device.
 
     Example:
-    ```py
-    >>> model = torch.nn.Linear(2, 2, device="meta")
-    >>> set_module_tensor_to_device(model, "weight", "cpu", value=torch.ones(2, 2))
-    >>> model.weight.device
-    device(type='cpu')
-    ```
+        >>> model = torch.nn.Linear(2, 2, device="meta")
+        >>> set_module_tensor_to_device(model, "weight", "cpu", value=torch.ones(2, 2))
+        >>> model.weight.device
+        device(type='cpu')
+
+    Args:
+        module (nn.Module): The module holding the tensor.
+        tensor_name (str): The tensor's path from `module`, e.g. "layer.0.weight".
+        device (DeviceLike): Where the tensor goes.
+        value (torch.Tensor | None): New content; None moves the current one.
+        dtype (str | torch.dtype | None): The dtype to give `value`; None keeps the tensor's own.
+        fp16_statistics (torch.HalfTensor | None): bitsandbytes' int8 statistics (`SCB`), set on the
+            new parameter.
+        tied_params_map (dict[int, dict[torch.device, torch.Tensor]] | None): Copies of tied weights
+            already placed, by data pointer then device.
+        non_blocking (bool): Copy asynchronously with respect to the host (default False).
+        clear_cache (bool): Empty the CUDA cache after a move to CUDA (default True).
+
+    Raises:
+        ValueError: A meta tensor moved to a real device without `value`, or a `value` of another
+            shape.
     """
     module, tensor_name = _split_tensor_name(module, tensor_name)
     dtype = as_dtype(dtype)
@@ -169,12 +192,17 @@ def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     """Groups of parameter names that are the same Parameter object (tied weights), sorted.
 
     Example:
-    ```py
-    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-    >>> model[1].weight = model[0].weight
-    >>> find_tied_parameters(model)
-    [['0.weight', '1.weight']]
-    ```
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        >>> model[1].weight = model[0].weight
+        >>> find_tied_parameters(model)
+        [['0.weight', '1.weight']]
+
+    Args:
+        model (nn.Module): The model to inspect.
+        **kwargs: Ignored; accepted for Accelerate's signature.
+
+    Returns:
+        list[list[str]]: Each group's names, sorted.
     """
     groups: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -186,6 +214,10 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
     """Make every name of each group in `tied_params` point to one Parameter again.
 
     The Parameter kept is the first of the group that holds data (not on the meta device).
+
+    Args:
+        model (nn.Module): The model to fix.
+        tied_params (list[list[str]]): Groups of parameter names that must be one Parameter.
     """
     for group in tied_params:
         chosen = None
@@ -211,7 +243,12 @@ def _param_device(name: str, device_map: Mapping[str, Any]) -> Any:
 def check_tied_parameters_on_same_device(
     tied_params: list[list[str]], device_map: Mapping[str, Any]
 ) -> None:
-    """Warn when a device map puts weights that are tied on different devices."""
+    """Warn when a device map puts weights that are tied on different devices.
+
+    Args:
+        tied_params (list[list[str]]): Groups of tied parameter names, as `find_tied_parameters` returns.
+        device_map (Mapping[str, Any]): Module names and their devices.
+    """
     for group in tied_params:
         devices = {name: _param_device(name, device_map) for name in group}
         if len(set(map(str, devices.values()))) > 1:
@@ -223,7 +260,14 @@ def check_tied_parameters_on_same_device(
 
 
 def check_tied_parameters_in_config(model: nn.Module) -> bool:
-    """True when a transformers-style `model.config` says its word embeddings are tied."""
+    """True when a transformers-style `model.config` says its word embeddings are tied.
+
+    Args:
+        model (nn.Module): The model; its `config` is read when it has one.
+
+    Returns:
+        bool: True when the config ties the embeddings and the model has output embeddings.
+    """
     config = getattr(model, "config", None)
     if config is None:
         return False
@@ -234,7 +278,14 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
 
 
 def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
-    """(device, storage start, storage end): equal for tensors that share memory."""
+    """(device, storage start, storage end): equal for tensors that share memory.
+
+    Args:
+        tensor (torch.Tensor): The tensor.
+
+    Returns:
+        tuple[torch.device, int, int]: Its device and the byte range of its storage.
+    """
     if tensor.device.type == "meta":
         return tensor.device, 0, 0
     storage = tensor.untyped_storage()
@@ -242,7 +293,14 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
 
 
 def is_peft_model(model: Any) -> bool:
-    """True for a `peft.PeftModel`, without importing peft when it is not installed."""
+    """True for a `peft.PeftModel`, without importing peft when it is not installed.
+
+    Args:
+        model (Any): Any object.
+
+    Returns:
+        bool: Whether it is a `peft.PeftModel`.
+    """
     import sys
 
     peft = sys.modules.get("peft")
@@ -250,7 +308,14 @@ def is_peft_model(model: Any) -> bool:
 
 
 def has_offloaded_params(module: nn.Module) -> bool:
-    """True when `module` has an AlignDevicesHook that offloads its weights (they live elsewhere)."""
+    """True when `module` has an AlignDevicesHook that offloads its weights (they live elsewhere).
+
+    Args:
+        module (nn.Module): The module to inspect.
+
+    Returns:
+        bool: Whether its hook offloads its weights.
+    """
     hook = getattr(module, "_hf_hook", None)
     return hook is not None and bool(getattr(hook, "offload", False))
 
@@ -260,7 +325,13 @@ def align_module_device(
     module: nn.Module, execution_device: Optional[torch.device] = None
 ) -> Iterator[None]:
     """Inside the block the weights of `module` are real tensors (onloaded from their offload
-    storage if needed), on `execution_device` when given; they go back afterwards."""
+    storage if needed), on `execution_device` when given; they go back afterwards.
+
+    Args:
+        module (nn.Module): The module whose direct weights are needed.
+        execution_device (torch.device | None): Where to put them for the block; None leaves weights
+            that are not offloaded where they are.
+    """
     hook = getattr(module, "_hf_hook", None)
     if has_offloaded_params(module):
         original = hook.execution_device
@@ -292,7 +363,18 @@ def get_state_dict_from_offload(
     device_to_put_offload: DeviceLike = "cpu",
 ) -> dict[str, torch.Tensor]:
     """Add the weights of an offloaded `module` (read back onto `device_to_put_offload`) to
-    `state_dict` under `module_name.`."""
+    `state_dict` under `module_name.`.
+
+    Args:
+        module (nn.Module): The offloaded module.
+        module_name (str): Its name in the model ("" for the model itself).
+        state_dict (dict[str, torch.Tensor]): The state dict to complete; only keys already in it are
+            replaced.
+        device_to_put_offload (DeviceLike): Where the weights are read back to (default "cpu").
+
+    Returns:
+        dict[str, torch.Tensor]: `state_dict`.
+    """
     with align_module_device(module, device_to_put_offload):
         for name, tensor in module.state_dict().items():
             key = f"{module_name}.{name}" if module_name else name
@@ -305,6 +387,15 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full state dict of a dispatched model, weights offloaded to CPU or disk included, on CPU.
 
     Modules are onloaded one at a time, so CPU memory must hold the result plus one module.
+
+    Args:
+        model (nn.Module): The dispatched model.
+
+    Returns:
+        dict[str, torch.Tensor]: Its state dict, on the CPU.
+
+    Raises:
+        MemoryError: A module that does not fit in CPU memory.
     """
     state: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():

@@ -21,10 +21,8 @@ def verify_device_map(model: nn.Module) -> bool:
     """True when `model` (or a submodule) was dispatched with a device map of more than one entry.
 
     Example:
-    ```py
-    >>> verify_device_map(dispatch_model(model, {"0": "cpu", "1": "disk"}, offload_dir="offload"))
-    True
-    ```
+        >>> verify_device_map(dispatch_model(model, {"0": "cpu", "1": "disk"}, offload_dir="offload"))
+        True
     """
     return any(len(getattr(m, "hf_device_map", None) or {}) > 1 for m in model.modules())
 

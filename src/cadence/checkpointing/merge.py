@@ -33,6 +33,19 @@ def merge_fsdp_weights(
     Example::
 
         merge_fsdp_weights("ckpt/pytorch_model_fsdp_0", "merged")  # -> merged/model.safetensors
+
+    Args:
+        checkpoint_dir (str): The sharded checkpoint folder (torch.distributed.checkpoint's format, with
+            its `.metadata` file), e.g. `ckpt/pytorch_model_fsdp_0`.
+        output_path (str): The folder to write the merged file into (created when missing).
+        safe_serialization (bool): Write safetensors (default True); False writes a torch pickle.
+        remove_checkpoint_dir (bool): Delete `checkpoint_dir` afterwards (default False).
+
+    Returns:
+        Path: The file written.
+
+    Raises:
+        FileNotFoundError: `checkpoint_dir` is not a sharded checkpoint folder.
     """
     directory = Path(checkpoint_dir)
     if not (directory / ".metadata").is_file():

@@ -35,7 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `cadence`: parse `argv`, run the subcommand, return its exit code."""
+    """Entry point of `cadence`: parse `argv`, run the subcommand, return its exit code.
+
+    Args:
+        argv (list[str] | None): The arguments after `cadence`; None reads `sys.argv`.
+
+    Returns:
+        int: The exit code.
+    """
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     func = getattr(args, "func", None)

@@ -62,7 +62,14 @@ def _fail(message: str) -> int:
 
 
 def config_command(args: argparse.Namespace) -> int:
-    """`cadence config`: ask the questions and save the answers; returns the exit code."""
+    """`cadence config`: ask the questions and save the answers; returns the exit code.
+
+    Args:
+        args (argparse.Namespace): The parsed `config` arguments.
+
+    Returns:
+        int: The exit code.
+    """
     from ..launch.config_file import (
         default_config_path,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )

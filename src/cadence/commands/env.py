@@ -95,7 +95,14 @@ def collect_info(config_file: str | None) -> tuple[dict[str, str], dict[str, Any
 
 
 def env_command(args: argparse.Namespace) -> int:
-    """`cadence env`: print versions, hardware and the config, for bug reports; exit code 0."""
+    """`cadence env`: print versions, hardware and the config, for bug reports; exit code 0.
+
+    Args:
+        args (argparse.Namespace): The parsed `env` arguments.
+
+    Returns:
+        int: 0.
+    """
     info, config = collect_info(args.config_file)
     print("\nCopy-and-paste the text below in your GitHub issue\n")
     print("\n".join(f"- {key}: {value}" for key, value in info.items()))
@@ -110,7 +117,14 @@ def env_command(args: argparse.Namespace) -> int:
 
 
 def env_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The `env` parser: added to `subparsers` when given, standalone otherwise."""
+    """The `env` parser: added to `subparsers` when given, standalone otherwise.
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
     from .parser_compat import (
         command_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )

@@ -10,7 +10,15 @@ from .parser_compat import run_parser
 
 
 def verify_on_hub(repo: str, token: str | None = None) -> Any:
-    """The Hub's model info for `repo`, or "gated" / "repo" when it is gated or does not exist."""
+    """The Hub's model info for `repo`, or "gated" / "repo" when it is gated or does not exist.
+
+    Args:
+        repo (str): The model's Hub id.
+        token (str | None): The Hub token, for gated or private repos.
+
+    Returns:
+        The `ModelInfo`, or "gated" or "repo".
+    """
     from huggingface_hub import model_info  # optional dependency
     from huggingface_hub.utils import GatedRepoError, RepositoryNotFoundError
 
@@ -23,7 +31,14 @@ def verify_on_hub(repo: str, token: str | None = None) -> Any:
 
 
 def check_has_model(error: BaseException) -> str:
-    """Which library ("timm", "transformers" or "unknown") raised `error` for a model it lacks."""
+    """Which library ("timm", "transformers" or "unknown") raised `error` for a model it lacks.
+
+    Args:
+        error (BaseException): The error raised while building the model.
+
+    Returns:
+        str: The library's name, or "unknown".
+    """
     from ..core.availability import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         is_timm_available,
         is_transformers_available,
@@ -53,6 +68,12 @@ def add_timm_hub_prefix(model_name: str) -> str:
     Example:
         >>> add_timm_hub_prefix("timm/resnet50.a1_in1k"), add_timm_hub_prefix("resnet50")
         ('hf-hub:timm/resnet50.a1_in1k', 'resnet50')
+
+    Args:
+        model_name (str): A timm model name or a Hub id.
+
+    Returns:
+        str: The name timm loads.
     """
     if ":" in model_name or "/" not in model_name:
         return model_name
@@ -82,6 +103,15 @@ def create_empty_model(
     `library_name` ("transformers" or "timm") defaults to the library the Hub names for the repo.
     Raises OSError when the repo is gated or missing, ValueError for an unknown library, ImportError
     when the library is not installed.
+
+    Args:
+        model_name (str): The model's Hub id (or a timm name).
+        library_name (str): "transformers" or "timm"; None asks the Hub.
+        trust_remote_code (bool): Run the repo's own model code (Transformers only; default False).
+        access_token (str | None): The Hub token, for gated or private repos.
+
+    Returns:
+        The model, on the meta device.
     """
     import torch
 
@@ -155,6 +185,14 @@ def create_ascii_table(headers: list[str], rows: list[list[str]], title: str) ->
 
     Example:
         >>> print(create_ascii_table(["a", "b"], [["1", "2"]], "T"))  # doctest: +SKIP
+
+    Args:
+        headers (list[str]): The column titles.
+        rows (list[list[str]]): The cells, row by row.
+        title (str): The table's title.
+
+    Returns:
+        str: The table, lines joined by newlines.
     """
     widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
     inner = sum(widths) + len(widths) - 1
@@ -181,7 +219,14 @@ def create_ascii_table(headers: list[str], rows: list[list[str]], title: str) ->
 
 
 def estimate_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The `estimate-memory` parser: added to `subparsers` when given, standalone otherwise."""
+    """The `estimate-memory` parser: added to `subparsers` when given, standalone otherwise.
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
     description = "Estimate the memory a Hub model needs for inference and training."
     if subparsers is not None:
         parser = subparsers.add_parser(
@@ -232,6 +277,15 @@ def estimate_training_usage(
     Example:
         >>> estimate_training_usage(100, "float32")
         {'model': 100, 'optimizer': 200, 'gradients': 100, 'step': 400}
+
+    Args:
+        bytes (int): The model's size in fp32.
+        mixed_precision (str): "float32", "float16", "bfloat16", "fp8" ...
+        msamp_config (str | None): The MS-AMP optimisation level used with fp8; with one, nothing is
+            estimated (-1 everywhere).
+
+    Returns:
+        dict[str, int]: Bytes for "model", "optimizer", "gradients" and "step".
     """
     sizes = {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
     half = bytes // 2
@@ -247,7 +301,15 @@ def estimate_training_usage(
 
 
 def gather_data(args: argparse.Namespace) -> list[list[Any]]:
-    """One row per dtype of `args.dtypes`: [dtype, largest layer bytes, total bytes, training sizes]."""
+    """One row per dtype of `args.dtypes`: [dtype, largest layer bytes, total bytes, training sizes].
+
+    Args:
+        args (argparse.Namespace): The parsed `estimate-memory` arguments.
+
+    Returns:
+        list[list[Any]]: One row per dtype: the dtype, the largest layer's bytes, the model's bytes and
+        the training sizes (as `estimate_training_usage` returns them).
+    """
     from ..utils.modeling import (  # deferred: the big-model helpers load only for this command
         calculate_maximum_sizes,
     )
@@ -281,7 +343,11 @@ def gather_data(args: argparse.Namespace) -> list[list[Any]]:
 
 def estimate_command(args: argparse.Namespace) -> None:
     """Print the memory table for `args.model_name`: per dtype, the largest layer, the whole model,
-    and the peak of a training step with Adam ("N/A" where it is not estimated)."""
+    and the peak of a training step with Adam ("N/A" where it is not estimated).
+
+    Args:
+        args (argparse.Namespace): The parsed `estimate-memory` arguments.
+    """
     from ..training.model_helpers import convert_bytes  # deferred: loaded when the command runs
 
     rows = []

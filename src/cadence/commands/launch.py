@@ -108,6 +108,13 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     An invalid launch (bad flags, config file or environment) raises `LaunchPlanError`, a
     `ValueError` listing every problem, before anything starts, as the reference's `launch_command`
     raises `ValueError`; the command line prints it and exits with code 2.
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+        unknown (list[str] | None): Arguments the parser did not know (passed on to the script).
+
+    Returns:
+        int: The exit code.
     """
     from ..launch.banner import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
         format_banner,
@@ -206,6 +213,12 @@ def clean_option(option: str) -> str | None:
     Example:
         >>> clean_option("--num-processes")
         'num_processes'
+
+    Args:
+        option (str): A command-line word.
+
+    Returns:
+        str | None: The option's name, or None.
     """
     if "fp8_backend" in option:
         option = "--fp8_backend"
@@ -216,13 +229,22 @@ def clean_option(option: str) -> str | None:
 
 class CustomHelpFormatter(argparse.HelpFormatter):
     """A help formatter that lists each option once, in its underscore spelling (`--num_processes`
-    rather than also `--num-processes`), and drops empty sections."""
+    rather than also `--num-processes`), and drops empty sections.
+
+    Args:
+        *args: As for `argparse.HelpFormatter` (prog first).
+        **kwargs: As for `argparse.HelpFormatter` (indent_increment, max_help_position, width).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
 
     def add_argument(self, action: argparse.Action) -> None:
-        """List only one spelling of each option in the help."""
+        """List only one spelling of each option in the help.
+
+        Args:
+            action (argparse.Action): The argument to list.
+        """
         spellings = [s for s in action.option_strings if "-" not in s[2:]]
         if spellings and spellings != action.option_strings:
             action = copy.copy(action)  # the parser keeps both spellings; only the help lists one
@@ -235,6 +257,12 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
     Example:
         >>> args = launch_command_parser().parse_args(["--num_processes", "2", "train.py"])
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
     """
     from .parser_compat import (
         command_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
@@ -285,22 +313,41 @@ def _run_namespace(args: argparse.Namespace) -> None:
 
 
 def simple_launcher(args: argparse.Namespace) -> None:
-    """Run the script of `args` (one process, or what `args` asks for) and wait for it."""
+    """Run the script of `args` (one process, or what `args` asks for) and wait for it.
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+    """
     _run_namespace(args)
 
 
 def multi_gpu_launcher(args: argparse.Namespace) -> None:
-    """Run the script of `args` on several processes through the elastic agent and wait."""
+    """Run the script of `args` on several processes through the elastic agent and wait.
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+    """
     _run_namespace(args)
 
 
 def deepspeed_launcher(args: argparse.Namespace) -> None:
-    """Run the script of `args` with DeepSpeed settings and wait."""
+    """Run the script of `args` with DeepSpeed settings and wait.
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+    """
     _run_namespace(args)
 
 
 def tpu_launcher(args: argparse.Namespace) -> None:
-    """Run the script's main function on this host's XLA devices through torch_xla, and wait."""
+    """Run the script's main function on this host's XLA devices through torch_xla, and wait.
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+
+    Raises:
+        subprocess.CalledProcessError: The script failed.
+    """
     from ..launch.xla_launcher import (
         xla_launch,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
@@ -315,7 +362,11 @@ def tpu_launcher(args: argparse.Namespace) -> None:
 
 
 def tpu_pod_launcher(args: argparse.Namespace) -> None:
-    """Launch on a TPU pod (unsupported: run `cadence launch --tpu` on every host of the pod)."""
+    """Launch on a TPU pod (unsupported: run `cadence launch --tpu` on every host of the pod).
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+    """
     from ..unsupported.torch_xla import (
         tpu_pod_launcher as unsupported_tpu_pod_launcher,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )
@@ -324,7 +375,12 @@ def tpu_pod_launcher(args: argparse.Namespace) -> None:
 
 
 def sagemaker_launcher(sagemaker_config: Any, args: argparse.Namespace) -> None:
-    """Start a SageMaker job (unsupported)."""
+    """Start a SageMaker job (unsupported).
+
+    Args:
+        sagemaker_config (Any): The SageMaker config file's settings.
+        args (argparse.Namespace): The parsed `launch` arguments.
+    """
     from ..unsupported.sagemaker import (
         sagemaker_launcher as unsupported_sagemaker_launcher,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )

@@ -11,7 +11,14 @@ from .parser_compat import command_parser, run_parser
 
 
 def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The `merge-weights` parser: added to `subparsers` when given, standalone otherwise."""
+    """The `merge-weights` parser: added to `subparsers` when given, standalone otherwise.
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
     return command_parser(register, "merge-weights", subparsers)
 
 

@@ -43,7 +43,14 @@ def register(subparsers: Any) -> None:
 
 
 def merge_command(args: argparse.Namespace) -> int:
-    """Run `cadence merge-weights`; prints where the merged weights went."""
+    """Run `cadence merge-weights`; prints where the merged weights went.
+
+    Args:
+        args (argparse.Namespace): The parsed `merge-weights` arguments.
+
+    Returns:
+        int: The exit code.
+    """
     from ..checkpointing.merge import (
         merge_fsdp_weights,
     )  # deferred: loaded when the command runs (keeps `cadence --help` fast)

@@ -66,6 +66,13 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         >>> env = prepare_multi_gpu_env(args)
         >>> args.master_port.isdigit(), env["OMP_NUM_THREADS"]
         (True, '1')
+
+    Args:
+        args (argparse.Namespace): Launch flags (num_processes, main_process_port, cpu ...); updated in
+            place.
+
+    Returns:
+        dict[str, str]: The processes' environment.
     """
     plan = _plan(args)
     args.nproc_per_node = str(plan.nproc_per_node)
@@ -83,11 +90,18 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
     """The command and environment of a one-process launch of `args.training_script`.
 
     Example:
+        >>> _ = open("train.py", "w").write("print('hello')")
         >>> cmd, env = prepare_simple_launcher_cmd_env(
         ...     argparse.Namespace(training_script="train.py", training_script_args=["--lr", "1"])
         ... )
         >>> cmd[-3:]
         ['train.py', '--lr', '1']
+
+    Args:
+        args (argparse.Namespace): Launch flags, with `training_script` and `training_script_args`.
+
+    Returns:
+        tuple[list[str], dict[str, str]]: The command and its environment.
     """
     plan = _plan(args)
     command = plan.worker_argv()

@@ -11,12 +11,26 @@ from .test_cmd import run as _run
 
 
 def test_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The `test` parser: added to `subparsers` when given, standalone otherwise."""
+    """The `test` parser: added to `subparsers` when given, standalone otherwise.
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
     return command_parser(register, "test", subparsers)
 
 
 def test_command(args: argparse.Namespace) -> int:
-    """Launch the bundled end-to-end check with `args.config_file`; returns its exit code."""
+    """Launch the bundled end-to-end check with `args.config_file`; returns its exit code.
+
+    Args:
+        args (argparse.Namespace): The parsed `test` arguments.
+
+    Returns:
+        int: The exit code.
+    """
     return _run(args)
 
 

@@ -59,6 +59,12 @@ def convert_config_to_fsdp2(config: dict) -> dict:
     Example:
         >>> convert_config_to_fsdp2({"fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD"}})
         {'fsdp_config': {'fsdp_reshard_after_forward': True, 'fsdp_version': 2}}
+
+    Args:
+        config (dict): The config file's content.
+
+    Returns:
+        dict: The converted config.
     """
     fsdp_config = config.get("fsdp_config") or {}
     if not fsdp_config:
@@ -84,7 +90,14 @@ def convert_config_to_fsdp2(config: dict) -> dict:
 
 
 def load_config(config_file: str) -> dict:
-    """The YAML config file as a dict; an empty file raises ValueError."""
+    """The YAML config file as a dict; an empty file raises ValueError.
+
+    Args:
+        config_file (str): The YAML file's path.
+
+    Returns:
+        dict: Its content.
+    """
     import yaml
 
     with open(config_file, encoding="utf-8") as handle:
@@ -95,7 +108,14 @@ def load_config(config_file: str) -> dict:
 
 
 def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The `to-fsdp2` parser: added to `subparsers` when given, standalone otherwise."""
+    """The `to-fsdp2` parser: added to `subparsers` when given, standalone otherwise.
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
     description = "Convert a config file from FSDP1 to FSDP2 settings."
     if subparsers is not None:
         parser = subparsers.add_parser(
@@ -127,7 +147,16 @@ def to_fsdp2_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
 
 def to_fsdp2_command(args: argparse.Namespace) -> None:
-    """Convert `args.config_file`, writing `args.output_file` (or the file itself with `--overwrite`)."""
+    """Convert `args.config_file`, writing `args.output_file` (or the file itself with `--overwrite`).
+
+    Args:
+        args (argparse.Namespace): The parsed `to-fsdp2` arguments.
+
+    Raises:
+        FileNotFoundError: The config file does not exist.
+        ValueError: Neither `--overwrite` nor `--output_file`.
+        FileExistsError: The output file exists and `--overwrite` is not set.
+    """
     import yaml
 
     if not Path(args.config_file).exists():

@@ -31,6 +31,12 @@ def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     >>> args = tpu_command_parser().parse_args(["--tpu_name", "pod", "--tpu_zone", "z", "--command", "ls", "--debug"])
     >>> args.command
     [['ls']]
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
     """
     description = "Run commands on every worker of a TPU VM pod (through `gcloud`)."
     if subparsers is not None:
@@ -169,7 +175,17 @@ def gcloud_command(args: argparse.Namespace) -> list[str]:
 
 
 def tpu_command_launcher(args: argparse.Namespace) -> int:
-    """Run (or with `--debug` print) the gcloud command that configures every worker of the pod."""
+    """Run (or with `--debug` print) the gcloud command that configures every worker of the pod.
+
+    Args:
+        args (argparse.Namespace): The parsed `tpu-config` arguments.
+
+    Returns:
+        int: The exit code.
+
+    Raises:
+        FileNotFoundError: `gcloud` is not installed.
+    """
     command = gcloud_command(args)
     if args.debug:
         print(f"Running {' '.join(command)}")

@@ -21,7 +21,15 @@ class CustomArgumentGroup(argparse._ArgumentGroup):
     """An argument group whose `--some_flag` options also answer to `--some-flag`."""
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        """Add an argument, accepting the dash and underscore spellings of its options."""
+        """Add an argument, accepting the dash and underscore spellings of its options.
+
+        Args:
+            *args: The option strings (or the positional's name), as for `argparse`.
+            **kwargs: The argument's settings (type, default, help ...), as for `argparse`.
+
+        Returns:
+            argparse.Action: The action created.
+        """
         return super().add_argument(*_with_dash_spellings(args), **kwargs)
 
 
@@ -36,11 +44,27 @@ class CustomArgumentParser(argparse.ArgumentParser):
     """
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        """Add an argument, accepting the dash and underscore spellings of its options."""
+        """Add an argument, accepting the dash and underscore spellings of its options.
+
+        Args:
+            *args: The option strings (or the positional's name), as for `argparse`.
+            **kwargs: The argument's settings (type, default, help ...), as for `argparse`.
+
+        Returns:
+            argparse.Action: The action created.
+        """
         return super().add_argument(*_with_dash_spellings(args), **kwargs)
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> CustomArgumentGroup:
-        """Add an argument group whose options also accept both spellings."""
+        """Add an argument group whose options also accept both spellings.
+
+        Args:
+            *args: As for `argparse.ArgumentParser.add_argument_group` (title, description).
+            **kwargs: As for `argparse.ArgumentParser.add_argument_group`.
+
+        Returns:
+            CustomArgumentGroup: The group.
+        """
         group = CustomArgumentGroup(self, *args, **kwargs)
         self._action_groups.append(group)
         return group

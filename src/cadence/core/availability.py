@@ -137,7 +137,13 @@ def is_cuda_available() -> bool:
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
     """Whether torch_xla is installed and enabled (`USE_TORCH_XLA`); with `check_is_tpu` or
-    `check_is_gpu`, whether its runtime device is of that kind."""
+    `check_is_gpu`, whether its runtime device is of that kind.
+
+    Args:
+        check_is_tpu (bool): Require the XLA device to be a TPU.
+        check_is_gpu (bool): Require the XLA device to be a GPU (checked instead of `check_is_tpu`
+            when both are set).
+    """
     if not USE_TORCH_XLA or not _is_package_available("torch_xla"):
         return False
     if not (check_is_tpu or check_is_gpu):
@@ -165,7 +171,11 @@ def is_pippy_available() -> bool:
 
 
 def is_bf16_available(ignore_tpu: bool = False) -> bool:
-    """Whether bf16 math is supported here: the GPU's support on CUDA/XPU, always on CPU."""
+    """Whether bf16 math is supported here: the GPU's support on CUDA/XPU, always on CPU.
+
+    Args:
+        ignore_tpu (bool): On a TPU, answer False instead of True (default False).
+    """
     torch = _torch()
     if is_torch_xla_available(check_is_tpu=True):
         return not ignore_tpu
@@ -189,7 +199,11 @@ def is_fp8_available() -> bool:
 
 
 def is_bnb_available(min_version: str | None = None) -> bool:
-    """Whether bitsandbytes is installed (and at least `min_version`, when given)."""
+    """Whether bitsandbytes is installed (and at least `min_version`, when given).
+
+    Args:
+        min_version (str | None): The oldest acceptable version, e.g. "0.43.2"; None accepts any.
+    """
     version = _version("bitsandbytes")
     if version is None or not _is_package_available("bitsandbytes"):
         return False
@@ -333,13 +347,21 @@ def is_mlflow_available() -> bool:
 
 
 def is_numpy_available(min_version: str = "1.25.0") -> bool:
-    """Whether numpy `min_version` or newer is installed."""
+    """Whether numpy `min_version` or newer is installed.
+
+    Args:
+        min_version (str): The oldest acceptable numpy version (default "1.25.0").
+    """
     version = _version("numpy")
     return version is not None and compare_versions(parse(version), ">=", min_version)
 
 
 def is_mps_available(min_version: str = "1.12") -> bool:
-    """Whether Apple's MPS backend is built and usable (torch `min_version` or newer)."""
+    """Whether Apple's MPS backend is built and usable (torch `min_version` or newer).
+
+    Args:
+        min_version (str): The oldest torch version whose MPS support is accepted (default "1.12").
+    """
     torch = _torch()
     mps = getattr(torch.backends, "mps", None)
     return (
@@ -365,34 +387,62 @@ def _vendor_available(package: str, device_module: str, check_device: bool) -> b
 
 
 def is_mlu_available(check_device: bool = False) -> bool:
-    """Whether Cambricon MLU support (`torch_mlu`) is installed with a device."""
+    """Whether Cambricon MLU support (`torch_mlu`) is installed with a device.
+
+    Args:
+        check_device (bool): Also require at least one device to be visible (default False: the
+            package and torch's device module suffice).
+    """
     return _vendor_available("torch_mlu", "mlu", check_device)
 
 
 def is_musa_available(check_device: bool = False) -> bool:
-    """Whether Moore Threads MUSA support (`torch_musa`) is installed with a device."""
+    """Whether Moore Threads MUSA support (`torch_musa`) is installed with a device.
+
+    Args:
+        check_device (bool): Also require at least one device to be visible (default False: the
+            package and torch's device module suffice).
+    """
     return _vendor_available("torch_musa", "musa", check_device)
 
 
 def is_npu_available(check_device: bool = False) -> bool:
-    """Whether Ascend NPU support (`torch_npu`) is installed with a device."""
+    """Whether Ascend NPU support (`torch_npu`) is installed with a device.
+
+    Args:
+        check_device (bool): Also require at least one device to be visible (default False: the
+            package and torch's device module suffice).
+    """
     return _vendor_available("torch_npu", "npu", check_device)
 
 
 def is_sdaa_available(check_device: bool = False) -> bool:
-    """Whether Tecorigin SDAA support (`torch_sdaa`) is installed with a device."""
+    """Whether Tecorigin SDAA support (`torch_sdaa`) is installed with a device.
+
+    Args:
+        check_device (bool): Also require at least one device to be visible (default False: the
+            package and torch's device module suffice).
+    """
     return _vendor_available("torch_sdaa", "sdaa", check_device)
 
 
 def is_neuron_available(check_device: bool = False) -> bool:
-    """Whether AWS Neuron support (`torch_neuronx`) is installed (with a device, if `check_device`)."""
+    """Whether AWS Neuron support (`torch_neuronx`) is installed (with a device, if `check_device`).
+
+    Args:
+        check_device (bool): Also require torch's `neuron` device module (default False).
+    """
     if not _is_package_available("torch_neuronx"):
         return False
     return not check_device or _device_module_available("neuron")
 
 
 def is_hpu_available(init_hccl: bool = False) -> bool:
-    """Whether Intel Gaudi support (`habana_frameworks`) is installed with a device."""
+    """Whether Intel Gaudi support (`habana_frameworks`) is installed with a device.
+
+    Args:
+        init_hccl (bool): Accepted for Accelerate's signature; Cadence does not initialise HCCL here.
+    """
     if not _is_package_available("habana_frameworks"):
         return False
     return _device_module_available("hpu")
@@ -408,7 +458,11 @@ def is_habana_gaudi1() -> bool:
 
 
 def is_xpu_available(check_device: bool = False) -> bool:
-    """Whether an Intel XPU can be used through torch."""
+    """Whether an Intel XPU can be used through torch.
+
+    Args:
+        check_device (bool): Also require at least one XPU to be visible (default False).
+    """
     if not _device_module_available("xpu"):
         return False
     return not check_device or _torch().xpu.device_count() > 0
@@ -436,6 +490,12 @@ def deepspeed_required(func: F) -> F:
     Example:
         >>> @deepspeed_required
         ... def build_engine(): ...
+
+    Args:
+        func (F): The function that needs DeepSpeed.
+
+    Returns:
+        F: The wrapped function.
     """
 
     @functools.wraps(func)
@@ -450,7 +510,14 @@ def deepspeed_required(func: F) -> F:
 
 
 def torchao_required(func: F) -> F:
-    """Decorator: the wrapped function raises `ImportError` when torchao (0.6.1+) is not installed."""
+    """Decorator: the wrapped function raises `ImportError` when torchao (0.6.1+) is not installed.
+
+    Args:
+        func (F): The function that needs torchao.
+
+    Returns:
+        F: The wrapped function.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -41,6 +41,16 @@ def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
     Example:
         >>> str_to_bool("Yes"), str_to_bool("off", to_bool=True)
         (1, False)
+
+    Args:
+        value (str): The word to parse (surrounding spaces ignored).
+        to_bool (bool): Return a bool instead of 1/0 (default False).
+
+    Returns:
+        int | bool: 1 or 0, or True or False with `to_bool`.
+
+    Raises:
+        ValueError: A word that is neither true nor false.
     """
     word = str(value).strip().lower()
     if word in _TRUE_WORDS:
@@ -51,7 +61,18 @@ def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
 
 
 def get_int_from_env(env_keys: Iterable[str], default: int) -> int:
-    """Return the first non-negative integer found among the variables `env_keys`, else `default`."""
+    """Return the first non-negative integer found among the variables `env_keys`, else `default`.
+
+    Args:
+        env_keys (Iterable[str]): Variable names, tried in order.
+        default (int): The value when none of them holds a non-negative integer.
+
+    Returns:
+        int: The first non-negative value found, else `default`.
+
+    Raises:
+        ValueError: A variable that is set but not an integer.
+    """
     for key in env_keys:
         raw = os.environ.get(key, "-1")
         try:
@@ -66,17 +87,43 @@ def get_int_from_env(env_keys: Iterable[str], default: int) -> int:
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
-    """Whether the variable `key` holds a true word (see `str_to_bool`); `default` when unset."""
+    """Whether the variable `key` holds a true word (see `str_to_bool`); `default` when unset.
+
+    Args:
+        key (str): The variable's name.
+        default (bool): The value when it is unset (default False).
+
+    Returns:
+        bool: The flag.
+
+    Raises:
+        ValueError: A value that is not a truth word.
+    """
     return str_to_bool(os.environ.get(key, str(default))) == 1
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:
-    """The raw value of the variable `key`, or `str(default)` when it is unset."""
+    """The raw value of the variable `key`, or `str(default)` when it is unset.
+
+    Args:
+        key (str): The variable's name.
+        default (str): The value when it is unset (default "no").
+
+    Returns:
+        str: The value, unparsed.
+    """
     return os.environ.get(key, str(default))
 
 
 def are_libraries_initialized(*library_names: str) -> list[str]:
-    """The names among `library_names` that are already imported in this interpreter."""
+    """The names among `library_names` that are already imported in this interpreter.
+
+    Args:
+        *library_names (str): Module names, as in `sys.modules` ("torch_xla", "tensorflow" ...).
+
+    Returns:
+        list[str]: Those already imported, in the order given.
+    """
     return [name for name in library_names if name in sys.modules]
 
 
@@ -87,6 +134,12 @@ def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
     Example:
         >>> convert_dict_to_env_variables({"A": "1", "BAD": "<x", "B": "2"})
         ['A=1\\n', 'B=2\\n']
+
+    Args:
+        current_env (dict[str, str]): Variable names and values.
+
+    Returns:
+        list[str]: One `KEY=value` line (newline included) per safe entry, in order.
     """
     lines = []
     for key, value in current_env.items():
@@ -102,7 +155,14 @@ def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
 
 @dataclass
 class CPUInformation:
-    """Rank and world sizes of this process in a CPU job, read from the launcher's variables."""
+    """Rank and world sizes of this process in a CPU job, read from the launcher's variables.
+
+    Attributes:
+        rank (int): The rank of this process in the job (default 0).
+        world_size (int): The number of processes in the job (default 1).
+        local_rank (int): The rank of this process on its node (default 0).
+        local_world_size (int): The number of processes on this node (default 1).
+    """
 
     rank: int = field(default=0, metadata={"help": "The rank of the current process."})
     world_size: int = field(default=1, metadata={"help": "The number of processes in the job."})
@@ -227,6 +287,10 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
     Raises:
         NotImplementedError: NUMA pinning needs NVML's CPU-affinity query, which Cadence does not
             bind; pin with `numactl` or `taskset` in the launch command instead.
+
+    Args:
+        local_process_index (int): The process's index on its node (its GPU).
+        verbose (bool | None): Log the chosen CPUs.
     """
     raise NotImplementedError(
         "NUMA affinity (override_numa_affinity) needs NVML's CPU-affinity query, which Cadence does not "
@@ -235,7 +299,15 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
 
 
 def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
-    """Pin this process to the CPUs of its GPU's NUMA node (see `override_numa_affinity`)."""
+    """Pin this process to the CPUs of its GPU's NUMA node (see `override_numa_affinity`).
+
+    Args:
+        local_process_index (int): The process's index on its node (its GPU).
+        verbose (bool | None): Log the chosen CPUs.
+
+    Raises:
+        NotImplementedError: Always; see `override_numa_affinity`.
+    """
     override_numa_affinity(local_process_index, verbose=verbose)
 
 
@@ -262,14 +334,18 @@ def clear_environment() -> Iterator[None]:
 
 @contextmanager
 def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set each keyword (key upper-cased, value `str()`-ed) in `os.environ` inside the block, then
-    restore the previous value or remove the variable.
+    """Set environment variables inside the block, then restore the previous values (or remove them).
+
+    Args:
+        **kwargs: Variable names (upper-cased) to values (turned into strings).
 
     Example:
-        >>> with patch_environment(foo="bar"):
-        ...     os.environ["FOO"]
-        'bar'
-        >>> "FOO" in os.environ
+        >>> import os
+        >>> from cadence.utils import patch_environment
+        >>> with patch_environment(master_port=29501):
+        ...     os.environ["MASTER_PORT"]
+        '29501'
+        >>> "MASTER_PORT" in os.environ
         False
     """
     previous: dict[str, str | None] = {}
@@ -313,6 +389,12 @@ def purge_accelerate_environment(func_or_cls: T) -> T:
         ...     os.environ["ACCELERATE_MIXED_PRECISION"] = "fp16"
         >>> make(); "ACCELERATE_MIXED_PRECISION" in os.environ
         False
+
+    Args:
+        func_or_cls (T): A function, or a test class.
+
+    Returns:
+        T: The wrapped function, or the same class with its test methods wrapped.
     """
 
     def wrap(function: Callable[..., Any]) -> Callable[..., Any]:

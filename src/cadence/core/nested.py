@@ -12,7 +12,14 @@ from .input_errors import with_rank
 
 
 def is_torch_tensor(tensor: Any) -> bool:
-    """Whether `tensor` is a `torch.Tensor`."""
+    """Whether `tensor` is a `torch.Tensor`.
+
+    Args:
+        tensor (Any): Any value.
+
+    Returns:
+        bool: True for a `torch.Tensor` (or a subclass).
+    """
     return isinstance(tensor, torch.Tensor)
 
 
@@ -20,12 +27,27 @@ is_tensor = is_torch_tensor  # the name Cadence's modules use
 
 
 def is_namedtuple(data: Any) -> bool:
-    """Whether `data` is a namedtuple instance."""
+    """Whether `data` is a namedtuple instance.
+
+    Args:
+        data (Any): Any value.
+
+    Returns:
+        bool: True for an instance of a class made by `collections.namedtuple` or `typing.NamedTuple`.
+    """
     return isinstance(data, tuple) and hasattr(data, "_fields")
 
 
 def honor_type(obj: Any, generator: Any) -> Any:
-    """Rebuild a list/tuple/namedtuple of the same type as `obj` from the items of `generator`."""
+    """Rebuild a list/tuple/namedtuple of the same type as `obj` from the items of `generator`.
+
+    Args:
+        obj (Any): The list, tuple or namedtuple whose type is kept.
+        generator (Any): The new items, in order.
+
+    Returns:
+        A new container of `type(obj)` holding the items.
+    """
     if is_namedtuple(obj):
         return type(obj)(*generator)
     return type(obj)(generator)
@@ -43,7 +65,25 @@ def recursively_apply(
     error_on_other_type: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """Apply `func` to every leaf of `data` that passes `test_type`, keeping the nesting."""
+    """Apply `func` to every leaf of `data` that passes `test_type`, keeping the nesting.
+
+    Lists, tuples (namedtuples included) and mappings are rebuilt with the same type around the results.
+
+    Args:
+        func (Callable[..., Any]): Called as `func(leaf, *args, **kwargs)` on each selected leaf.
+        data (Any): The nested structure.
+        *args: Extra positional arguments for `func`.
+        test_type (Callable[[Any], bool]): Selects the leaves `func` applies to (default: tensors).
+        error_on_other_type (bool): Raise on a leaf that `test_type` rejects, instead of keeping it as is
+            (default False).
+        **kwargs: Extra keyword arguments for `func`.
+
+    Returns:
+        The structure with each selected leaf replaced by `func`'s result.
+
+    Raises:
+        UnsupportedType: With `error_on_other_type`, a leaf that `test_type` rejects.
+    """
     if isinstance(data, (tuple, list)):
         return honor_type(
             data,

@@ -7,13 +7,17 @@ from typing import Any
 
 
 class ThreadLocalSharedDict(threading.local):
-    """A dict-like holder for singleton state: one storage per thread when `thread_local` is True
-    (needed where each device runs in its own thread, as on TPU), one shared storage otherwise.
+    """A dict-like holder for singleton state, with one storage per thread (needed where each device
+    runs in its own thread, as on TPU).
 
     Example:
         >>> shared = ThreadLocalSharedDict()
         >>> shared["x"] = 1; shared.get("x")
         1
+
+    Args:
+        thread_local (bool): Accepted for Accelerate's signature; the storage is per thread whatever its
+            value (the holder is a `threading.local`).
     """
 
     def __init__(self, thread_local: bool = False) -> None:
@@ -38,7 +42,12 @@ class ThreadLocalSharedDict(threading.local):
         return len(self._storage)
 
     def get(self, key: str, default: Any = None) -> Any:
-        """The value stored under `key`, or `default`."""
+        """The value stored under `key`, or `default`.
+
+        Args:
+            key (str): The name of the entry.
+            default (Any): What to return when there is no such entry (default None).
+        """
         return self._storage.get(key, default)
 
     def clear(self) -> None:
@@ -47,5 +56,10 @@ class ThreadLocalSharedDict(threading.local):
 
 
 def do_nothing(*args: Any, **kwargs: Any) -> None:
-    """Accept any arguments and do nothing (a placeholder callback)."""
+    """Accept any arguments and do nothing (a placeholder callback).
+
+    Args:
+        *args: Ignored.
+        **kwargs: Ignored.
+    """
     return None

@@ -32,6 +32,18 @@ def compare_versions(
     Example:
         >>> compare_versions("torch", ">=", "2.0")
         True
+
+    Args:
+        library_or_version (str | Version): An installed distribution's name, or a parsed version.
+        operation (str): One of ">", ">=", "==", "!=", "<=", "<".
+        requirement_version (str): The version to compare with.
+
+    Returns:
+        bool: The result of the comparison.
+
+    Raises:
+        ValueError: An unknown `operation`.
+        importlib.metadata.PackageNotFoundError: A name that is not installed.
     """
     if operation not in STR_OPERATION_TO_FUNC:
         raise ValueError(
@@ -48,5 +60,12 @@ def is_torch_version(operation: str, version: str) -> bool:
     Example:
         >>> is_torch_version(">=", "2.0")
         True
+
+    Args:
+        operation (str): One of ">", ">=", "==", "!=", "<=", "<".
+        version (str): The version to compare with.
+
+    Returns:
+        bool: The result of the comparison.
     """
     return compare_versions(torch_version, operation, version)

@@ -13,7 +13,12 @@ from ..runtime.collectives import recursively_apply, send_to_device
 
 @dataclass
 class TensorInformation:
-    """Shape and dtype of a tensor, enough to allocate the buffer that receives its broadcast."""
+    """Shape and dtype of a tensor, enough to allocate the buffer that receives its broadcast.
+
+    Attributes:
+        shape (torch.Size): The tensor's shape.
+        dtype (torch.dtype): The tensor's element type.
+    """
 
     shape: torch.Size
     dtype: torch.dtype
@@ -25,7 +30,18 @@ def is_tensor_information(value: Any) -> bool:
 
 
 def find_batch_size(data: Any) -> int:
-    """Size of the first dimension of the first tensor found in a nested batch."""
+    """Size of the first dimension of the first tensor found in a nested batch.
+
+    Args:
+        data (Any): A tensor, or lists, tuples and mappings of them (the first element is followed).
+
+    Returns:
+        int: The batch size.
+
+    Raises:
+        ValueError: An empty list, tuple or mapping on the way.
+        TypeError: The first leaf is not a tensor.
+    """
     if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
         raise ValueError(f"Cannot find the batch size of an empty {type(data).__name__}.")
     if isinstance(data, (tuple, list)):
@@ -38,7 +54,14 @@ def find_batch_size(data: Any) -> int:
 
 
 def ignorant_find_batch_size(data: Any) -> int | None:
-    """`find_batch_size`, or None when the batch holds no tensor to measure."""
+    """`find_batch_size`, or None when the batch holds no tensor to measure.
+
+    Args:
+        data (Any): A tensor, or lists, tuples and mappings of them.
+
+    Returns:
+        int | None: The batch size, or None where `find_batch_size` would raise.
+    """
     try:
         return find_batch_size(data)
     except (ValueError, TypeError):
@@ -51,17 +74,43 @@ def slice_tensors(
     process_index: int | None = None,
     num_processes: int | None = None,
 ) -> Any:
-    """Take `tensor_slice` of every tensor of a nested batch (other leaves are kept whole)."""
+    """Take `tensor_slice` of every tensor of a nested batch (other leaves are kept whole).
+
+    Args:
+        data (Any): A tensor, or lists, tuples and mappings of them.
+        tensor_slice (slice): The slice taken along each tensor's first dimension.
+        process_index (int | None): Unused; accepted so that this can serve as a dispatcher's
+            `slice_fn`.
+        num_processes (int | None): Unused, as `process_index`.
+
+    Returns:
+        The batch with the same structure, each tensor sliced.
+    """
     return recursively_apply(lambda tensor: tensor[tensor_slice], data)
 
 
 def get_data_structure(data: Any) -> Any:
-    """The batch with each tensor replaced by its TensorInformation (other leaves kept)."""
+    """The batch with each tensor replaced by its TensorInformation (other leaves kept).
+
+    Args:
+        data (Any): A tensor, or lists, tuples and mappings of them.
+
+    Returns:
+        The same structure with a `TensorInformation` in place of each tensor.
+    """
     return recursively_apply(lambda tensor: TensorInformation(tensor.shape, tensor.dtype), data)
 
 
 def initialize_tensors(data_structure: Any, device: Any = None) -> Any:
-    """Empty tensors with the shapes and dtypes of a structure from `get_data_structure`."""
+    """Empty tensors with the shapes and dtypes of a structure from `get_data_structure`.
+
+    Args:
+        data_structure (Any): What `get_data_structure` returned.
+        device (Any): Where the tensors are allocated; None means torch's default device.
+
+    Returns:
+        The same structure with an uninitialised tensor in place of each `TensorInformation`.
+    """
     return recursively_apply(
         lambda info: torch.empty(*info.shape, dtype=info.dtype, device=device),
         data_structure,

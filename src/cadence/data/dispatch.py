@@ -32,7 +32,27 @@ _STOP, _BATCH, _ERROR = "stop", "batch", "error"
 
 
 class DataLoaderDispatcher(DataLoaderAdapter, DataLoaderStateMixin):
-    """A DataLoader iterated on the main process only, whose batches are split between processes."""
+    """A DataLoader iterated on the main process only, whose batches are split between processes.
+
+    The main process reads each batch (of `num_processes` times the batch size unless
+    `split_batches`), broadcasts it, and every process keeps its slice. `prepare()` builds it when
+    `DataLoaderConfiguration(dispatch_batches=True)` (the default for an iterable dataset).
+
+    Args:
+        dataset (Any): The dataset to read (on the main process only).
+        split_batches (bool): The loader's batch size is the global one: each batch is split into
+            `num_processes` parts. False (default): the main process reads `num_processes` batches'
+            worth at once.
+        skip_batches (int): How many batches to skip at the start of the first iteration (default 0).
+        use_stateful_dataloader (bool): Build it on torchdata's `StatefulDataLoader` (default False).
+        slice_fn (Callable[..., Any] | None): Cuts a process's part out of a whole batch, called as
+            `slice_fn(batch, slice, process_index=..., num_processes=...)`; None cuts every tensor and
+            per-sample list along its first dimension.
+        torch_device_mesh (Any): The device mesh of tensor or context parallelism, if any; kept as an
+            attribute, which `skip_first_batches` carries over to the loader it builds.
+        iteration (int): The epoch to start from (default 0).
+        **kwargs: Any other argument of `torch.utils.data.DataLoader` (batch_size, collate_fn ...).
+    """
 
     def __init__(
         self,

@@ -149,6 +149,13 @@ class DataLoaderAdapter(DataLoader):
     """Base of the prepared dataloaders: position tracking, exact resume, epoch propagation.
 
     With `use_stateful_dataloader=True` the instance is built on torchdata's StatefulDataLoader.
+
+    Args:
+        dataset (Any): The dataset to read.
+        use_stateful_dataloader (bool): Build the loader on torchdata's `StatefulDataLoader` (which
+            must be installed), so that its `state_dict()` is torchdata's; default False.
+        batch_sampler (Any): The batch sampler, as for `torch.utils.data.DataLoader`.
+        **kwargs: Any other argument of `torch.utils.data.DataLoader` (collate_fn, num_workers ...).
     """
 
     # False resumes a loaded mid-epoch position as the reference does (the Accelerator sets it from
@@ -228,7 +235,11 @@ class DataLoaderAdapter(DataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue, at the next iteration, from the batch after the last one handed out before the
         state was taken: with the same samples in the same order from Cadence's position, or as
-        torchdata resumes its own state (a stateful loader's `state_dict()`, or one torchdata wrote)."""
+        torchdata resumes its own state (a stateful loader's `state_dict()`, or one torchdata wrote).
+
+        Args:
+            state_dict (dict[str, Any]): What `state_dict()` of a loader over the same data returned.
+        """
         if not (self.use_stateful_dataloader and is_torchdata_layout(state_dict)):
             load_position(self, self._position, state_dict)
             return
@@ -338,7 +349,11 @@ class DataLoaderAdapter(DataLoader):
 
     # -- epochs and samplers --------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch here, on the batch sampler, the sampler or else the dataset."""
+        """Set the epoch here, on the batch sampler, the sampler or else the dataset.
+
+        Args:
+            epoch (int): The epoch number; a seeded shuffle draws a different order for each.
+        """
         if self.iteration != epoch:
             self.iteration = epoch
         batch_sampler = (
@@ -357,7 +372,11 @@ class DataLoaderAdapter(DataLoader):
         return get_sampler(self)
 
     def set_sampler(self, sampler: Any) -> None:
-        """Replace the sampler of indices at every level of the batch-sampler wrappers."""
+        """Replace the sampler of indices at every level of the batch-sampler wrappers.
+
+        Args:
+            sampler (Any): The new sampler of dataset indices (a `torch.utils.data.Sampler`).
+        """
         holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
         while holder is not None:
             holder.sampler = sampler
@@ -376,6 +395,23 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
 
     At each iteration the random generators named in `rng_types` are copied from the main process, so
     every process draws the same order of the whole dataset before taking its shard of it.
+    `prepare()` / `prepare_data_loader()` build it for you.
+
+    Args:
+        dataset (Any): The dataset to read.
+        device (Any): Where each batch is moved before it is handed out; None leaves it where the
+            collate function put it.
+        rng_types (list[Any] | None): The random generators ("torch", "cuda", "generator", ...)
+            copied from the main process at the start of each iteration; None copies none.
+        synchronized_generator (torch.Generator | None): The sampler's generator, synchronised when
+            "generator" is among `rng_types`.
+        skip_batches (int): How many batches to skip at the start of the first iteration (default 0).
+        use_stateful_dataloader (bool): Build it on torchdata's `StatefulDataLoader` (default False).
+        torch_device_mesh (Any): The device mesh of tensor or context parallelism, if any; kept as an
+            attribute, which `skip_first_batches` carries over to the loader it builds.
+        iteration (int): The epoch to start from (default 0).
+        **kwargs: Any other argument of `torch.utils.data.DataLoader` (batch_sampler, collate_fn,
+            num_workers ...).
     """
 
     def __init__(
@@ -542,7 +578,14 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
 
 
 class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
-    """A plain DataLoader that skips its first `skip_batches` batches (for iterable datasets)."""
+    """A plain DataLoader that skips its first `skip_batches` batches (for iterable datasets).
+
+    Args:
+        dataset (Any): The dataset to read.
+        skip_batches (int): How many batches to skip at the start of each iteration (default 0).
+        use_stateful_dataloader (bool): Build it on torchdata's `StatefulDataLoader` (default False).
+        **kwargs: Any other argument of `torch.utils.data.DataLoader`.
+    """
 
     def __init__(
         self,

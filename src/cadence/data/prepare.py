@@ -69,13 +69,48 @@ def prepare_data_loader(
     use_stateful_dataloader: bool = False,
     torch_device_mesh: Any = None,
 ) -> DataLoader:
-    """A new DataLoader that yields only this process's batches (see the spec's "Internal mechanism").
+    """A new DataLoader that yields only this process's share of every batch; what `Accelerator.prepare` does to a DataLoader.
 
-    Without `split_batches` each process gets whole batches (the global batch is `num_processes` times
-    the batch size); with it each batch is cut between processes. `even_batches` completes the last
-    round with samples from the start so every process gets as many batches; `dispatch_batches`
-    (default for an IterableDataset when batches go on the device) reads on the main process only and
-    sends each process its slice.
+    Use it directly only without an Accelerator; the arguments are the Accelerator's dataloader
+    settings, given explicitly.
+
+    Args:
+        dataloader (torch.utils.data.DataLoader): The dataloader, as written for one process.
+        device (torch.device | None): Where batches go when `put_on_device` is True.
+        num_processes (int | None): How many processes share the data; None means the process state's.
+        process_index (int | None): This process's rank among them; None means the process state's.
+        split_batches (bool): Cut each batch among the processes, instead of giving each process whole
+            batches (default False: the global batch is `num_processes` times the batch size).
+        put_on_device (bool): Move batches to `device` (default False).
+        rng_types (list[str | RNGType] | None): The generators synchronised at each epoch's start.
+        dispatch_batches (bool | None): The main process reads every batch and sends each process its
+            slice; None means True for an iterable dataset whose batches go on the device. True needs
+            `put_on_device=True` (ValueError otherwise).
+        even_batches (bool): Complete the last round with samples from the start, so every process gets
+            as many batches (default True).
+        slice_fn_for_dispatch (Callable | None): How to cut a dispatched batch: `fn(batch, slice)`.
+        use_seedable_sampler (bool): Shuffle with a sampler seeded by `set_seed` / `data_seed` (default
+            False).
+        data_seed (int | None): The seed of that sampler.
+        non_blocking (bool): Copy to the device with `non_blocking=True` (default False).
+        use_stateful_dataloader (bool): Build a torchdata `StatefulDataLoader` (default False).
+        torch_device_mesh (DeviceMesh | None): With tensor or context parallelism, processes of one
+            group get the same batches; the data-parallel ranks come from the mesh.
+
+    Returns:
+        torch.utils.data.DataLoader: A `DataLoaderShard` or `DataLoaderDispatcher`.
+
+    Raises:
+        TypeError: `dataloader` is not a DataLoader.
+        ValueError: `dispatch_batches=True` without `put_on_device=True`, or batches that cannot be split.
+
+    Example:
+        >>> import torch
+        >>> from cadence.data_loader import prepare_data_loader
+        >>> loader = torch.utils.data.DataLoader(torch.arange(8), batch_size=2)
+        >>> shard = prepare_data_loader(loader, num_processes=2, process_index=1)
+        >>> [batch.tolist() for batch in shard]  # the second of two processes
+        [[2, 3], [6, 7]]
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(

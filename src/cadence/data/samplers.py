@@ -22,6 +22,11 @@ class SeedableRandomSampler(RandomSampler):
 
     The same seed gives the same order on every process and in every run; `set_epoch` (called by the
     prepared dataloader at each iteration) changes the order from one epoch to the next.
+
+    Args:
+        *args: Passed to `torch.utils.data.RandomSampler`, the data source first.
+        data_seed (int | None): The seed of the shuffle; None takes torch's initial seed.
+        **kwargs: Any other argument of `RandomSampler` (replacement, num_samples, generator).
     """
 
     def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any) -> None:
@@ -44,12 +49,21 @@ class SeedableRandomSampler(RandomSampler):
         return self.generator
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch, which is mixed into the seed of the shuffle."""
+        """Set the epoch, which is mixed into the seed of the shuffle.
+
+        Args:
+            epoch (int): The epoch number; the next order is drawn with seed `initial_seed + epoch`.
+        """
         self.epoch = epoch
 
 
 class SkipBatchSampler(BatchSampler):
-    """The batches of `batch_sampler` after its first `skip_batches`."""
+    """The batches of `batch_sampler` after its first `skip_batches`.
+
+    Args:
+        batch_sampler (Any): The batch sampler to read (its other attributes are passed through).
+        skip_batches (int): How many of its first batches to leave out, at every iteration (default 0).
+    """
 
     def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
         # BatchSampler.__init__ is not called on purpose: the wrapped sampler does the batching.
@@ -92,7 +106,14 @@ class ResumeSkip:
 
 
 def get_sampler(dataloader: Any) -> Any:
-    """The sampler of indices behind a dataloader, looking through batch-sampler wrappers."""
+    """The sampler of indices behind a dataloader, looking through batch-sampler wrappers.
+
+    Args:
+        dataloader (Any): A `torch.utils.data.DataLoader`, prepared or not.
+
+    Returns:
+        The sampler that orders the dataset's indices, or None when there is none (an iterable dataset).
+    """
     holder = (
         dataloader.sampler
         if isinstance(dataloader.sampler, BatchSampler)

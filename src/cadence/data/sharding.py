@@ -35,6 +35,18 @@ class BatchSamplerShard(BatchSampler):
     `source_skip` (set on a copy by data/elastic.py when an epoch resumes on another number of
     processes) drops the epoch's first source batches before dealing; the padding still comes from
     the start of the whole epoch, as in an epoch that was never interrupted.
+
+    Args:
+        batch_sampler (BatchSampler): The sampler of whole batches to deal out.
+        num_processes (int): How many processes share the batches (default 1).
+        process_index (int): Which of them this one is, from 0 (default 0).
+        split_batches (bool): Cut each source batch into `num_processes` parts instead of dealing
+            whole batches round-robin; its batch size must then be a multiple of `num_processes`.
+        even_batches (bool): Complete the last round with samples from the epoch's start so that
+            every process gets as many batches (default True).
+
+    Raises:
+        ValueError: `split_batches` with a batch size that `num_processes` does not divide.
     """
 
     def __init__(
@@ -252,6 +264,19 @@ class IterableDatasetShard(IterableDataset):
     The stream is cut into global batches of `batch_size` (split_batches) or `batch_size * num_processes`
     samples; process `i` takes the `i`-th slice of each. Unless `drop_last`, the last incomplete global
     batch is completed with samples from the first one. Every process reads the whole stream.
+
+    Args:
+        dataset (IterableDataset): The stream of samples to share.
+        batch_size (int): The batch size of each process, or the global one with `split_batches`
+            (default 1).
+        drop_last (bool): Drop the last incomplete global batch instead of completing it (default
+            False).
+        num_processes (int): How many processes share the stream (default 1).
+        process_index (int): Which of them this one is, from 0 (default 0).
+        split_batches (bool): `batch_size` is the global batch size, cut into `num_processes` parts.
+
+    Raises:
+        ValueError: `split_batches` with a batch size that `num_processes` does not divide.
     """
 
     def __init__(
@@ -290,7 +315,11 @@ class IterableDatasetShard(IterableDataset):
         return self.batch_size
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch, passing it on to the dataset when it supports it."""
+        """Set the epoch, passing it on to the dataset when it supports it.
+
+        Args:
+            epoch (int): The epoch number.
+        """
         self.epoch = epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)

@@ -11,11 +11,30 @@ from .samplers import SkipBatchSampler
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
-    """A new dataloader like `dataloader` that skips its first `num_batches` batches.
+    """A new dataloader like `dataloader` that starts after its first `num_batches` batches.
 
-    Batches of a map-style dataset are skipped by their indices (nothing is loaded); those of an
-    iterable dataset are read and dropped. A prepared dataloader and the one returned share their
-    position, so the original's `state_dict()` follows the progress of the skipping one.
+    Use it to resume in the middle of an epoch. Batches of a map-style dataset are skipped by their
+    indices (nothing is loaded); those of an iterable dataset are read and dropped. For a prepared
+    dataloader the result shares its position, so the original's `state_dict()` follows the progress.
+    The skip applies to one pass: iterate the original dataloader for the next epoch.
+
+    Args:
+        dataloader (torch.utils.data.DataLoader): A dataloader, prepared or not.
+        num_batches (int): How many batches to skip (default 0).
+
+    Returns:
+        torch.utils.data.DataLoader: The skipping dataloader.
+
+    Raises:
+        TypeError: `dataloader` is not a DataLoader.
+        ValueError: `num_batches` is negative or not an integer.
+
+    Example:
+        >>> import torch
+        >>> from cadence import skip_first_batches
+        >>> loader = torch.utils.data.DataLoader(torch.arange(6), batch_size=2)
+        >>> [batch.tolist() for batch in skip_first_batches(loader, num_batches=1)]
+        [[2, 3], [4, 5]]
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(

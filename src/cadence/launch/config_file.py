@@ -88,7 +88,15 @@ class _BaseConfig:
     `cadence.commands.config.config_args.BaseConfig`).
 
     `to_dict`, `to_json_file` and `to_yaml_file` write the file; every field has a default, so a file
-    may leave any key out."""
+    may leave any key out.
+
+    Attributes:
+        compute_environment (str): "LOCAL_MACHINE" or "AMAZON_SAGEMAKER".
+        distributed_type (str): "NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP", "XLA" ...
+        mixed_precision (str | None): "no", "fp16", "bf16" or "fp8".
+        use_cpu (bool): Run on the CPU even where an accelerator is present.
+        debug (bool): Check collectives for shape mismatches across processes (debug mode).
+    """
 
     compute_environment: str = LOCAL_MACHINE
     distributed_type: str = "NO"
@@ -106,7 +114,14 @@ class _BaseConfig:
         return result
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write YAML, or JSON when the file name ends in `.json`; creates the parent folder."""
+        """Write YAML, or JSON when the file name ends in `.json`; creates the parent folder.
+
+        Args:
+            path (str | os.PathLike[str]): The file to write.
+
+        Returns:
+            Path: The file written.
+        """
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         content = self.to_dict()
@@ -121,15 +136,60 @@ class _BaseConfig:
 
     # Reference-compatible spellings.
     def to_yaml_file(self, yaml_file: str | os.PathLike[str]) -> None:
+        """Write the config to `yaml_file` (Accelerate's name for `save`).
+
+        Args:
+            yaml_file (str | os.PathLike[str]): The file to write (as `save`).
+        """
         self.save(yaml_file)
 
     def to_json_file(self, json_file: str | os.PathLike[str]) -> None:
+        """Write the config to `json_file` (Accelerate's name for `save`).
+
+        Args:
+            json_file (str | os.PathLike[str]): The file to write (as `save`, JSON when it ends in `.json`).
+        """
         self.save(json_file)
 
 
 @dataclass
 class ClusterConfig(_BaseConfig):
-    """A config for this machine or a cluster of machines (``compute_environment: LOCAL_MACHINE``)."""
+    """A config for this machine or a cluster of machines (``compute_environment: LOCAL_MACHINE``).
+
+    Attributes:
+        compute_environment (str): "LOCAL_MACHINE" or "AMAZON_SAGEMAKER".
+        distributed_type (str): "NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP", "XLA" ...
+        mixed_precision (str | None): "no", "fp16", "bf16" or "fp8".
+        use_cpu (bool): Run on the CPU even where an accelerator is present.
+        debug (bool): Check collectives for shape mismatches across processes (debug mode).
+        num_processes (int): Processes in all, over every machine (-1: not set, the launcher decides).
+        machine_rank (int): This machine's rank, from 0.
+        num_machines (int): How many machines take part.
+        gpu_ids (str | None): The GPUs to use, "all" or indices separated by commas.
+        main_process_ip (str | None): The address of the machine of rank 0.
+        main_process_port (int | None): Its rendezvous port.
+        rdzv_backend (str | None): torch elastic's rendezvous backend ("static" or "c10d").
+        same_network (bool | None): Whether all the machines share a local network.
+        main_training_function (str): The function a notebook or TPU launch calls.
+        enable_cpu_affinity (bool): Pin each process to the CPUs near its GPU.
+        fp8_config (dict[str, Any]): The FP8 settings.
+        deepspeed_config (dict[str, Any]): The DeepSpeed settings.
+        fsdp_config (dict[str, Any]): The FSDP settings.
+        parallelism_config (dict[str, Any]): The tensor/context/data parallel sizes.
+        megatron_lm_config (dict[str, Any]): The Megatron-LM settings.
+        mpirun_config (dict[str, Any]): The settings of an mpirun launch on CPUs.
+        downcast_bf16 (bool | str): On TPU with bf16, turn float32 into bf16 but float64 only into
+            float32 (`XLA_DOWNCAST_BF16`), instead of turning both into bf16.
+        tpu_name (str | None): The TPU pod's name (for `tpu-config`).
+        tpu_zone (str | None): Its zone.
+        tpu_use_cluster (bool): Launch on every host of the pod.
+        tpu_use_sudo (bool): Run the pod's setup commands with sudo.
+        command_file (str | None): A file of setup commands for the pod's hosts.
+        commands (list[str] | None): Setup commands for the pod's hosts.
+        tpu_vm (list[str] | None): The pod's VM names.
+        tpu_env (list[str] | None): Environment variables set on the pod's hosts.
+        dynamo_config (dict[str, Any]): The `torch.compile` settings (backend, mode ...).
+    """
 
     num_processes: int = -1
     machine_rank: int = 0
@@ -161,7 +221,31 @@ class ClusterConfig(_BaseConfig):
 
 @dataclass
 class SageMakerConfig(_BaseConfig):
-    """A config for Amazon SageMaker (recognised so such files load; `cadence launch` cannot run them)."""
+    """A config for Amazon SageMaker (recognised so such files load; `cadence launch` cannot run them).
+
+    Attributes:
+        compute_environment (str): "LOCAL_MACHINE" or "AMAZON_SAGEMAKER".
+        distributed_type (str): "NO", "MULTI_CPU", "MULTI_GPU", "DEEPSPEED", "FSDP", "XLA" ...
+        mixed_precision (str | None): "no", "fp16", "bf16" or "fp8".
+        use_cpu (bool): Run on the CPU even where an accelerator is present.
+        debug (bool): Check collectives for shape mismatches across processes (debug mode).
+        ec2_instance_type (str): The instance type of the job.
+        iam_role_name (str): The IAM role the job runs as.
+        image_uri (str | None): A custom container image.
+        profile (str | None): The AWS profile.
+        region (str): The AWS region (default "us-east-1").
+        num_machines (int): How many instances.
+        gpu_ids (str): The GPUs to use (default "all").
+        base_job_name (str | None): The prefix of the job's name.
+        pytorch_version (str | None): The PyTorch version of the container.
+        transformers_version (str | None): The Transformers version of the container.
+        py_version (str | None): The Python version of the container.
+        sagemaker_inputs_file (str | None): A file naming the job's input channels.
+        sagemaker_metrics_file (str | None): A file of metric definitions.
+        additional_args (dict[str, Any] | None): Further estimator arguments.
+        dynamo_config (dict[str, Any]): The `torch.compile` settings.
+        enable_cpu_affinity (bool): Pin each process to the CPUs near its GPU.
+    """
 
     ec2_instance_type: str = ""
     iam_role_name: str = ""
@@ -448,6 +532,14 @@ def write_basic_config(
 
     Returns the path, or False (after saying so) when a file is already there: an existing config
     is never overwritten.
+
+    Args:
+        mixed_precision (str): "no", "fp16", "bf16" or "fp8" (default "no").
+        save_location (str | os.PathLike[str] | None): The file to write; None means the default
+            location.
+
+    Returns:
+        Path | bool: As described above.
     """
     path = Path(save_location) if save_location is not None else default_config_path()
     config = basic_config(mixed_precision)

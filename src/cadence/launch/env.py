@@ -39,6 +39,13 @@ def env_var_path_add(env_var_name: str, path_to_add: str | os.PathLike) -> str:
         >>> os.environ["MY_PATH"] = "/a"
         >>> env_var_path_add("MY_PATH", "/b")
         '/a:/b'
+
+    Args:
+        env_var_name (str): A variable holding a `:`-separated list of paths (PYTHONPATH ...).
+        path_to_add (str | os.PathLike): The path to put at its end.
+
+    Returns:
+        str: The new value (the environment is not changed).
     """
     paths = [part for part in os.environ.get(env_var_name, "").split(":") if part]
     paths.append(str(path_to_add))
@@ -56,6 +63,15 @@ def prepare_tpu(
         >>> args, env = prepare_tpu(argparse.Namespace(mixed_precision="no", debug=True), {})
         >>> env
         {'ACCELERATE_DEBUG_MODE': 'true'}
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments (mixed_precision, downcast_bf16,
+            debug, tpu_vm, tpu_name are read).
+        current_env (dict[str, str]): The environment being built; updated in place.
+        pod (bool): A TPU pod launch (default False).
+
+    Returns:
+        tuple[argparse.Namespace, dict[str, str]]: `args` and `current_env`.
     """
     if getattr(args, "mixed_precision", None) == "bf16" and planned_device_kind() == "TPU":
         if getattr(args, "downcast_bf16", False):
@@ -80,7 +96,7 @@ class PrepareForLaunch:
 
     Example:
         >>> import torch.multiprocessing as mp
-        >>> mp.start_processes(PrepareForLaunch(train, "MULTI_CPU"), nprocs=2, start_method="spawn")
+        >>> mp.start_processes(PrepareForLaunch(train, "MULTI_CPU"), nprocs=2, start_method="spawn")  # doctest: +SKIP
     """
 
     def __init__(
@@ -113,19 +129,42 @@ def _not_cadence(name: str) -> NotImplementedError:
 
 
 def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """Command and environment of a DeepSpeed launch (see `cadence launch --dry-run`)."""
+    """Command and environment of a DeepSpeed launch (see `cadence launch --dry-run`).
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+
+    Raises:
+        NotImplementedError: Always: `cadence launch` builds its launch environment itself.
+    """
     raise _not_cadence("prepare_deepspeed_cmd_env")
 
 
 def prepare_extend_env_parallelism_config(
     args: argparse.Namespace, current_env: dict[str, str]
 ) -> dict[str, str]:
-    """Parallelism-config variables added to a launch environment (see `cadence launch --dry-run`)."""
+    """Parallelism-config variables added to a launch environment (see `cadence launch --dry-run`).
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+        current_env (dict[str, str]): The environment being built.
+
+    Raises:
+        NotImplementedError: Always: `cadence launch` builds its launch environment itself.
+    """
     raise _not_cadence("prepare_extend_env_parallelism_config")
 
 
 def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, str]:
-    """FP8 variables added to a launch environment (see `cadence launch --dry-run`)."""
+    """FP8 variables added to a launch environment (see `cadence launch --dry-run`).
+
+    Args:
+        args (argparse.Namespace): The parsed `launch` arguments.
+        current_env (dict[str, str]): The environment being built.
+
+    Raises:
+        NotImplementedError: Always: `cadence launch` builds its launch environment itself.
+    """
     raise _not_cadence("setup_fp8_env")
 
 

@@ -272,21 +272,58 @@ def notebook_launcher(
     monitor_interval: float = 0.1,
     log_line_prefix_template: str | None = None,
 ) -> None:
-    """Run `function(*args)` in `num_processes` processes (forked) from a notebook or script.
+    """Run `function(*args)` in `num_processes` processes from a notebook (or any Python code), and wait for them.
 
-    Without `num_processes` (or with 1) the function runs in this process. Create the Accelerator
-    inside `function`. Before anything starts, `num_processes` is checked against this machine: at
-    most its GPUs with CUDA, else 8 processes per CPU core (``CADENCE_OVERSUBSCRIBE=1`` lifts that).
-    The workers get a fresh ``CADENCE_JOB_TOKEN`` (on one machine; several machines need the same one
-    set by you) and, with the static rendezvous, a store listening on `master_addr` only.
+    The processes are forked through PyTorch's elastic agent, as `cadence launch` starts them: on a
+    machine with GPUs, one per GPU with NCCL; otherwise CPU processes with gloo. Create the Accelerator
+    inside `function`, not in the notebook (its state cannot be forked). Everything is checked before a
+    process starts, and when a worker fails, every worker is stopped and the error names the rank that
+    failed first, with its exception.
+
+    Args:
+        function (Callable): The training function; it runs in every process.
+        args (tuple): The arguments passed to `function` (default none).
+        num_processes (int | None): How many processes on this machine. None or 1 runs `function` in
+            this process. At most one per GPU on a GPU machine, else 8 per CPU core
+            (`CADENCE_OVERSUBSCRIBE=1` lifts that limit); more raises ValueError.
+        mixed_precision (str): "no" (default), "fp16", "bf16" or "fp8", as the Accelerators inside get
+            it. An unknown name raises ValueError; fp8 without a suitable GPU raises RuntimeError.
+        use_port (str): The port of the rendezvous (default "29500").
+        master_addr (str): The address of the machine of rank 0 (default "127.0.0.1").
+        node_rank (int): This machine's rank among `num_nodes` (default 0).
+        num_nodes (int): How many machines run the function (default 1).
+        rdzv_backend (str): The rendezvous: "static" (default) or "c10d".
+        rdzv_endpoint (str): The c10d rendezvous's `host:port`.
+        rdzv_conf (dict | None): Extra options of the rendezvous.
+        rdzv_id (str): The job's id for the rendezvous (default "none").
+        max_restarts (int): How many times the workers are restarted after a failure (default 0).
+        monitor_interval (float): Seconds between the agent's checks of the workers (default 0.1).
+        log_line_prefix_template (str | None): A prefix for each worker's output lines, e.g.
+            "[${rank}]: ".
+
+    Raises:
+        ValueError: A count out of bounds (processes, machines, ranks, port), a bad precision, or a
+            CUDA context already started in this process (the workers could not use the GPUs).
+        TypeError: `function` is not callable.
+        RuntimeError: A worker failed (a `WorkerProcessesFailed`); the message names the rank that
+            failed first and its exception.
 
     Example:
-
-    ```python
-    from cadence import notebook_launcher
-
-    notebook_launcher(training_function, (model,), num_processes=2)
-    ```
+        >>> import os
+        >>> from cadence import notebook_launcher
+        >>> def train(folder):
+        ...     from cadence import Accelerator
+        ...     accelerator = Accelerator(cpu=True)
+        ...     with open(os.path.join(folder, f"rank{accelerator.process_index}"), "w") as f:
+        ...         f.write(str(accelerator.num_processes))
+        >>> os.makedirs("ranks")
+        >>> import socket
+        >>> with socket.socket() as free:  # any free port, in case 29500 is taken
+        ...     free.bind(("127.0.0.1", 0))
+        ...     port = str(free.getsockname()[1])
+        >>> notebook_launcher(train, ("ranks",), num_processes=2, use_port=port)
+        >>> sorted(os.listdir("ranks"))
+        ['rank0', 'rank1']
     """
 
     mixed_precision = resolve_mixed_precision(mixed_precision, {})
@@ -337,7 +374,19 @@ def notebook_launcher(
 def debug_launcher(
     function: Callable[..., Any], args: tuple[Any, ...] = (), num_processes: int = 2
 ) -> None:
-    """Run `function(*args)` on `num_processes` CPU processes (gloo), to debug distributed code locally."""
+    """Run `function(*args)` on `num_processes` CPU processes (gloo), to try distributed code on any machine.
+
+    Args:
+        function (Callable): The function; it runs in every process.
+        args (tuple): The arguments passed to `function` (default none).
+        num_processes (int): How many processes (default 2). Below 1, or more than the machine allows,
+            raises ValueError.
+
+    Raises:
+        ValueError: A bad `num_processes`.
+        RuntimeError: A worker failed (a `WorkerProcessesFailed`); the message names the rank that
+            failed first and its exception.
+    """
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}.")
     _check_counts(num_processes, cpu_only=True)

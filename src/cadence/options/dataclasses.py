@@ -26,14 +26,20 @@ class KwargsHandler:
     """Base of the handlers: `to_kwargs()` gives the fields that differ from the class defaults."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A deep copy of all the fields, as a dict."""
+        """All the fields, as a deep-copied dict.
+
+        Returns:
+            dict[str, Any]: Field names to values.
+        """
         return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
-        """Only the fields whose value differs from the class default, as a dict.
+        """Only the fields whose value differs from the class's defaults, as a dict.
 
-        The defaults are those of a handler built without any environment variable, as in the
-        reference: a value that came from the environment (`ACCELERATE_DYNAMO_MODE=...`) counts.
+        A value that came from an environment variable counts as different, as in Accelerate.
+
+        Returns:
+            dict[str, Any]: Field names to values.
         """
         with clear_environment():
             defaults = self.__class__().to_dict()
@@ -42,14 +48,21 @@ class KwargsHandler:
 
 @dataclass
 class AutocastKwargs(KwargsHandler):
-    """Settings for `torch.autocast` (whether it is on, whether it caches casts).
+    """Settings of `torch.autocast` for the Accelerator's mixed precision, or for one `accelerator.autocast()` block.
 
-    Example::
+    Args:
+        enabled (bool): Whether autocast is on (default True). `AutocastKwargs(enabled=False)` in
+            `accelerator.autocast(...)` computes a block in full precision.
+        cache_enabled (bool | None): Whether autocast caches the casts of weights inside the block;
+            None keeps torch's default.
 
-        from cadence import Accelerator, AutocastKwargs
-
-        handler = AutocastKwargs(cache_enabled=True)
-        accelerator = Accelerator(mixed_precision="bf16", kwargs_handlers=[handler])
+    Example:
+        >>> import torch
+        >>> from cadence import Accelerator, AutocastKwargs
+        >>> accelerator = Accelerator(mixed_precision="bf16", cpu=True,
+        ...                           kwargs_handlers=[AutocastKwargs(cache_enabled=True)])
+        >>> accelerator.mixed_precision
+        'bf16'
     """
 
     enabled: bool = True
@@ -58,14 +71,32 @@ class AutocastKwargs(KwargsHandler):
 
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Settings for `torch.nn.parallel.DistributedDataParallel` and its communication hook.
+    """Settings of `torch.nn.parallel.DistributedDataParallel`, which wraps models on several processes.
 
-    Example::
+    Each field is passed to DDP when it differs from its default; see PyTorch's DDP documentation.
 
-        from cadence import Accelerator, DistributedDataParallelKwargs
+    Args:
+        dim (int): The dimension inputs are scattered along (default 0).
+        broadcast_buffers (bool): Broadcast the buffers of rank 0 at each forward (default True).
+        bucket_cap_mb (int): The size of a gradient all-reduce bucket in MiB (default 25).
+        find_unused_parameters (bool): Look for parameters that did not take part in the forward, for
+            models whose forward skips some (default False; it costs a graph traversal per step).
+        check_reduction (bool): Kept for compatibility; DDP ignores it (default False).
+        gradient_as_bucket_view (bool): Let gradients be views into the all-reduce buckets, saving
+            memory (default False).
+        static_graph (bool): The set of used parameters is the same every step (default False).
+        comm_hook (DDPCommunicationHookType | str): Compress gradients before the all-reduce: "no"
+            (default), "fp16", "bf16", "power_sgd", "batched_power_sgd". Another value raises ValueError.
+        comm_wrapper (DDPCommunicationHookType | str): Wrap `comm_hook` ("no", "fp16", "bf16").
+        comm_state_option (dict): Options of the hook's state (PowerSGD's `matrix_approximation_rank`,
+            ...).
 
-        ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=True, comm_hook="fp16")
-        accelerator = Accelerator(kwargs_handlers=[ddp_kwargs])
+    Example:
+        >>> from cadence import Accelerator, DistributedDataParallelKwargs
+        >>> ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=True, comm_hook="fp16")
+        >>> accelerator = Accelerator(kwargs_handlers=[ddp_kwargs])
+        >>> ddp_kwargs.to_kwargs()
+        {'find_unused_parameters': True, 'comm_hook': <DDPCommunicationHookType.FP16: 'fp16'>}
     """
 
     dim: int = 0
@@ -94,14 +125,22 @@ class DistributedDataParallelKwargs(KwargsHandler):
 
 @dataclass
 class GradScalerKwargs(KwargsHandler):
-    """Settings for the fp16 `torch.amp.GradScaler` (initial scale, growth, backoff).
+    """Settings of the loss scaler of fp16 training (`torch.amp.GradScaler`).
 
-    Example::
+    Args:
+        init_scale (float): The first loss scale (default 65536.0).
+        growth_factor (float): What the scale is multiplied by after `growth_interval` steps without
+            overflow (default 2.0).
+        backoff_factor (float): What the scale is multiplied by after an overflow (default 0.5).
+        growth_interval (int): Steps without overflow before the scale grows (default 2000).
+        enabled (bool): Whether to scale at all (default True).
 
-        from cadence import Accelerator, GradScalerKwargs
-
-        scaler_kwargs = GradScalerKwargs(init_scale=1024.0, growth_interval=500)
-        accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[scaler_kwargs])
+    Example:
+        >>> from cadence import Accelerator, GradScalerKwargs
+        >>> handler = GradScalerKwargs(init_scale=1024.0, growth_interval=500)
+        >>> accelerator = Accelerator(mixed_precision="fp16", cpu=True, kwargs_handlers=[handler])
+        >>> accelerator.scaler.get_scale()
+        1024.0
     """
 
     init_scale: float = 65536.0
@@ -113,20 +152,25 @@ class GradScalerKwargs(KwargsHandler):
 
 @dataclass
 class InitProcessGroupKwargs(KwargsHandler):
-    """How the process group is created; `timeout` (a timedelta or seconds) defaults to 30 minutes.
+    """How the torch.distributed process group is created, and how long collectives may wait.
 
-    `stuck_timeout` (Cadence only; seconds or timedelta, 0 turns it off) is how long ranks may wait in a
-    collective that another rank does not join before every rank stops with a report (default 300 s;
-    see cadence.diagnostics).
+    Args:
+        backend (str | None): The backend ("nccl", "gloo", "mpi", "ucc", or per device type like
+            "cpu:gloo,cuda:nccl"); the default "nccl" applies on GPUs, gloo is used on CPUs. An unknown
+            name raises ValueError when the Accelerator is created, before anything starts.
+        init_method (str | None): torch's `init_method` URL; None uses the launcher's rendezvous.
+        timeout (datetime.timedelta | float | None): How long a collective may take before torch fails
+            it (a timedelta or seconds; None: 30 minutes). A non-positive value raises ValueError.
+        stuck_timeout (datetime.timedelta | float | None): Cadence only: how long processes may wait in
+            a collective that another process does not join before every process stops with a report of
+            where each one is (seconds or a timedelta; 0 turns the stop off; None: 300 s or
+            `CADENCE_STUCK_TIMEOUT`).
 
-    Example::
-
-        from datetime import timedelta
-
-        from cadence import Accelerator, InitProcessGroupKwargs
-
-        group_kwargs = InitProcessGroupKwargs(timeout=timedelta(hours=1))
-        accelerator = Accelerator(kwargs_handlers=[group_kwargs])
+    Example:
+        >>> from datetime import timedelta
+        >>> from cadence import Accelerator, InitProcessGroupKwargs
+        >>> handler = InitProcessGroupKwargs(timeout=timedelta(hours=1), stuck_timeout=600)
+        >>> accelerator = Accelerator(kwargs_handlers=[handler])
     """
 
     backend: str | None = "nccl"
@@ -152,17 +196,30 @@ class InitProcessGroupKwargs(KwargsHandler):
 
 @dataclass
 class ProfileKwargs(KwargsHandler):
-    """Settings for `torch.profiler.profile` used by `Accelerator.profile()`.
+    """Settings of the `torch.profiler.profile` that `accelerator.profile()` runs.
 
-    Example::
+    Args:
+        activities (list[str] | None): What to record: "cpu", "cuda", "xpu" (None: the CPU, and the
+            GPU when there is one).
+        schedule_option (dict[str, int] | None): A `torch.profiler.schedule`: keys `wait`, `warmup`,
+            `active`, `repeat`, `skip_first`. None records every step.
+        on_trace_ready (Callable | None): Called with the profiler when a trace is ready.
+        record_shapes (bool): Record the input shapes of operators (default False).
+        profile_memory (bool): Record memory allocations (default False).
+        with_stack (bool): Record source locations (default False).
+        with_flops (bool): Estimate FLOPs of matrix products and convolutions (default False).
+        with_modules (bool): Record the module hierarchy (default False).
+        output_trace_dir (str | None): Write a Chrome trace per process into this folder when the
+            block ends.
 
-        from cadence import Accelerator, ProfileKwargs
-
-        profile_kwargs = ProfileKwargs(activities=["cpu"], record_shapes=True)
-        accelerator = Accelerator(kwargs_handlers=[profile_kwargs])
-        with accelerator.profile() as prof:
-            model(inputs)
-        print(prof.key_averages().table(row_limit=5))
+    Example:
+        >>> import torch
+        >>> from cadence import Accelerator, ProfileKwargs
+        >>> accelerator = Accelerator(kwargs_handlers=[ProfileKwargs(activities=["cpu"])])
+        >>> with accelerator.profile() as profiler:
+        ...     _ = torch.ones(64, 64) @ torch.ones(64, 64)
+        >>> len(profiler.key_averages()) > 0
+        True
     """
 
     activities: list[str] | None = None
@@ -176,13 +233,31 @@ class ProfileKwargs(KwargsHandler):
     output_trace_dir: str | None = None
 
     def build(self) -> Any:
-        """A `torch.profiler.profile` configured from these settings (not started)."""
+        """A `torch.profiler.profile` configured from these settings, not started.
+
+        Returns:
+            torch.profiler.profile: The profiler.
+        """
         return build_profiler(self)
 
 
 @dataclass
 class FP8RecipeKwargs(KwargsHandler):
-    """Settings of an FP8 training recipe (backend, format, amax history, ...)."""
+    """An FP8 recipe named by its backend (Accelerate's older, generic form of the recipe handlers).
+
+    Prefer `AORecipeKwargs` (torchao) or `TERecipeKwargs` (Transformer Engine).
+
+    Args:
+        backend (str | None): "AO", "TE" or "MSAMP"; None picks the installed one.
+        opt_level (str | None): MS-AMP's optimization level ("O1", "O2").
+        margin (int | None): Transformer Engine's scaling-factor margin.
+        interval (int | None): Transformer Engine's scaling-factor update interval.
+        fp8_format (str | None): "HYBRID", "E4M3" or "E5M2".
+        amax_history_len (int | None): How many steps of amax history Transformer Engine keeps.
+        amax_compute_algo (str | None): "max" or "most_recent".
+        override_linear_precision (tuple | None): Three bools: run the forward, data-gradient or
+            weight-gradient products in higher precision.
+    """
 
     backend: str | None = None
     opt_level: str | None = None
@@ -204,15 +279,21 @@ def _env_flag(name: str, default: bool) -> bool:
 
 @dataclass
 class AORecipeKwargs(KwargsHandler):
-    """The torchao FP8 recipe for `mixed_precision="fp8"`: a `torchao.float8.Float8LinearConfig` and which
-    linear layers to convert.
+    """The torchao FP8 recipe for `mixed_precision="fp8"`: which linear layers to convert and how.
 
-    Without `config`, one is built with `pad_inner_dim=True` (pads GEMM dimensions to multiples of 16,
-    which `torch._scaled_mm` needs) and `enable_fsdp_float8_all_gather=True` (FSDP2 all-gathers float8
-    weights: half the bytes of bf16); both can be set here or by `ACCELERATE_FP8_PAD_INNER_DIM` /
-    `ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER`. `module_filter_func(module, fqn) -> bool` picks the
-    layers to convert; by default every linear except the first and the last, and those whose
-    dimensions are not multiples of 16.
+    Args:
+        config (torchao.float8.Float8LinearConfig | None): torchao's configuration. None builds one from
+            `pad_inner_dim` and `enable_fsdp_float8_all_gather`.
+        module_filter_func (Callable | None): `fn(module, fqn) -> bool` choosing the layers to convert;
+            None converts every linear layer except the first and the last, and those whose dimensions
+            are not multiples of 16.
+        pad_inner_dim (bool | None): Pad matrix dimensions to multiples of 16, as `torch._scaled_mm`
+            needs (None: `ACCELERATE_FP8_PAD_INNER_DIM`, else True).
+        enable_fsdp_float8_all_gather (bool | None): Under FSDP2, all-gather weights in float8, half the
+            bytes of bf16 (None: `ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER`, else True).
+
+    Raises:
+        ImportError: torchao is not installed.
 
     Example::
 
@@ -258,18 +339,31 @@ _TE_AMAX_ALGORITHMS = ("max", "most_recent")
 class TERecipeKwargs(KwargsHandler):
     """The Transformer Engine FP8 recipe for `mixed_precision="fp8"` (delayed scaling by default).
 
-    Unset fields come from `ACCELERATE_FP8_*` variables, else: `fp8_format="HYBRID"` (E4M3 forward, E5M2
-    backward), `margin=0`, `interval=1`, `amax_history_len=1024`, `amax_compute_algo="most_recent"`,
-    `override_linear_precision=(False, False, False)`, `use_autocast_during_eval=False`,
-    `use_mxfp8_block_scaling=False`.
+    Fields left None come from the `ACCELERATE_FP8_*` variables, else from the defaults below.
+
+    Args:
+        use_autocast_during_eval (bool | None): Keep FP8 autocast in evaluation too (default False).
+        margin (int | None): Margin of the scaling factor (default 0).
+        interval (int | None): Steps between scaling-factor updates (default 1).
+        fp8_format (str | None): "HYBRID" (E4M3 forward, E5M2 backward; default), "E4M3" or "E5M2".
+            Another value raises ValueError.
+        amax_history_len (int | None): Steps of amax history kept (default 1024).
+        amax_compute_algo (str | None): "most_recent" (default) or "max". Another value raises
+            ValueError.
+        override_linear_precision (tuple[bool, bool, bool] | None): Run the forward, data-gradient or
+            weight-gradient products in higher precision (default all False).
+        use_mxfp8_block_scaling (bool | None): Use MXFP8 block scaling (Blackwell GPUs; default False).
+
+    Raises:
+        ImportError: Transformer Engine is not installed.
+        ValueError: An unknown `fp8_format` or `amax_compute_algo`.
 
     Example::
 
         from cadence import Accelerator
         from cadence.utils import TERecipeKwargs
 
-        kwargs = TERecipeKwargs(fp8_format="HYBRID")
-        accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[kwargs])
+        accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(fp8_format="HYBRID")])
     """
 
     use_autocast_during_eval: bool | None = None
@@ -323,14 +417,16 @@ _MSAMP_LEVELS = ("O1", "O2")
 
 @dataclass
 class MSAMPRecipeKwargs(KwargsHandler):
-    """The MS-AMP FP8 recipe: its optimization level, "O1" or "O2" (default `ACCELERATE_FP8_OPT_LEVEL`, else
-    "O2"). Cadence runs MS-AMP through a DeepSpeed config only.
+    """The MS-AMP FP8 recipe; Cadence runs MS-AMP through a DeepSpeed config only.
 
-    Example::
+    Args:
+        opt_level (str | None): "O1" or "O2" (None: `ACCELERATE_FP8_OPT_LEVEL`, else "O2"). Another
+            value raises ValueError.
 
-        from cadence.utils import MSAMPRecipeKwargs
-
-        kwargs = MSAMPRecipeKwargs(opt_level="O1")
+    Example:
+        >>> from cadence.utils import MSAMPRecipeKwargs
+        >>> MSAMPRecipeKwargs(opt_level="O1").opt_level
+        'O1'
     """
 
     opt_level: str | None = None
@@ -344,21 +440,43 @@ class MSAMPRecipeKwargs(KwargsHandler):
 
 @dataclass
 class DataLoaderConfiguration:
-    """How `prepare` shards, feeds and resumes dataloaders (the reference's fields, plus one Cadence
-    switch at the end).
+    """How `prepare()` shards, feeds and resumes dataloaders.
 
-    `resume_exact_order` (Cadence only, default True): a dataloader resumed mid-epoch from a saved
-    state continues the saved epoch with the same samples in the same order. False resumes as the
-    reference does, to reproduce its numbers: the order is drawn again from the random state of the
-    moment and a stateful dataloader skips the batches already handed out (a plain one starts the
-    epoch over). See docs/differences.md.
+    Args:
+        split_batches (bool): False (default): every process reads batches of the dataloader's
+            `batch_size`, so the global batch is `batch_size * num_processes`. True: each batch of the
+            dataloader is split among the processes, so the global batch stays `batch_size` (it must
+            divide evenly).
+        dispatch_batches (bool | None): True: the main process reads each batch and sends every process
+            its part (for datasets only one process can read). None: True for iterable datasets, False
+            otherwise.
+        even_batches (bool): True (default): when the dataset does not divide evenly, the last batches
+            are completed with samples from its start so every process gets as many batches
+            (`gather_for_metrics` drops the extra samples). False: processes may get different numbers
+            of batches.
+        use_seedable_sampler (bool): Shuffle with a sampler seeded by `set_seed`, so the order is the
+            same from run to run and resumes exactly (default False).
+        data_seed (int | None): The seed of that sampler; None uses the seed given to `set_seed`. A
+            non-integer raises TypeError.
+        non_blocking (bool): Copy batches to the GPU with `non_blocking=True` (default False; useful
+            with `pin_memory=True`).
+        use_stateful_dataloader (bool): Build torchdata `StatefulDataLoader`s, whose position is saved
+            and restored by `save_state` / `load_state` (default False; needs torchdata).
+        resume_exact_order (bool): Cadence only: a dataloader resumed mid-epoch continues the saved epoch
+            with the same samples in the same order (default True). False resumes as Accelerate does:
+            the order is drawn again. See "Differences from Accelerate".
 
-    Example::
+    Raises:
+        TypeError: A string given for a True/False field, or a non-integer `data_seed`.
 
-        from cadence import Accelerator, DataLoaderConfiguration
-
-        config = DataLoaderConfiguration(split_batches=True, even_batches=False)
-        accelerator = Accelerator(dataloader_config=config)
+    Example:
+        >>> import torch
+        >>> from cadence import Accelerator, DataLoaderConfiguration
+        >>> config = DataLoaderConfiguration(split_batches=True)
+        >>> accelerator = Accelerator(dataloader_config=config)
+        >>> loader = accelerator.prepare(torch.utils.data.DataLoader(torch.arange(8), batch_size=4))
+        >>> next(iter(loader)).tolist()  # on 2 processes: [0, 1] and [2, 3]
+        [0, 1, 2, 3]
     """
 
     split_batches: bool = False
@@ -394,17 +512,34 @@ class DataLoaderConfiguration:
 
 @dataclass
 class ProjectConfiguration:
-    """Where a run keeps its files: project and logging directories, checkpoint naming and limit.
+    """Where a run keeps its files: the project and logging folders, how checkpoints are named and kept.
 
-    Example::
+    Args:
+        project_dir (str | os.PathLike | None): The project folder. With automatic naming, checkpoints
+            go to `<project_dir>/checkpoints/checkpoint_<n>`. A non-path raises TypeError.
+        logging_dir (str | os.PathLike | None): Where trackers write; None means `project_dir`.
+        automatic_checkpoint_naming (bool): Name checkpoints `checkpoint_0`, `checkpoint_1`, ... under
+            the project folder, so `save_state()` and `load_state()` need no folder (default False).
+        total_limit (int | None): With automatic naming, how many checkpoints to keep; older ones are
+            removed once a new one is committed. A negative or non-integer value raises ValueError.
+        iteration (int): The number of the next automatically named checkpoint (default 0;
+            `load_state()` sets it to continue after the checkpoint it loaded).
+        save_on_each_node (bool): Write the files that are saved once per job on every machine's main
+            process instead (for machines without a shared file system; default False).
 
-        from cadence import Accelerator, ProjectConfiguration
+    Raises:
+        TypeError: A folder that is not a path.
+        ValueError: A bad `total_limit`.
 
-        config = ProjectConfiguration(
-            project_dir="runs/demo", automatic_checkpoint_naming=True, total_limit=3
-        )
-        accelerator = Accelerator(project_config=config)
-        accelerator.save_state()  # written under runs/demo/checkpoints/
+    Example:
+        >>> from cadence import Accelerator
+        >>> from cadence.utils import ProjectConfiguration
+        >>> config = ProjectConfiguration(project_dir="runs", automatic_checkpoint_naming=True, total_limit=2)
+        >>> accelerator = Accelerator(project_config=config)
+        >>> for _ in range(3):
+        ...     _ = accelerator.save_state()
+        >>> import os; sorted(os.listdir("runs/checkpoints"))
+        ['checkpoint_1', 'checkpoint_2']
     """
 
     project_dir: str | None = None
@@ -415,7 +550,11 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
-        """Set `project_dir`, and `logging_dir` to it when no logging dir was given."""
+        """Set `project_dir`, and `logging_dir` to the same folder when it was not given.
+
+        Args:
+            project_dir (str | os.PathLike | None): The project folder.
+        """
         self.project_dir = os.fspath(project_dir) if project_dir is not None else None
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
@@ -441,21 +580,30 @@ class ProjectConfiguration:
 
 @dataclass
 class GradientAccumulationPlugin(KwargsHandler):
-    """How gradients are accumulated: steps per update, scheduler and dataloader handling (the
-    reference's fields, plus one Cadence switch at the end).
+    """How gradients are accumulated over micro-batches, beyond their number.
 
-    `adjust_last_window` (Cadence only, default True): when a dataloader ends inside an accumulation
-    window, the shorter last window's update is the mean gradient of the micro-batches it holds (the
-    prepared optimizer's step rescales the gradients it uses; those read between backward and step
-    are the reference's). False steps with every micro-step divided by `num_steps`, as the reference
-    does, so the last update is smaller. See docs/differences.md.
+    Args:
+        num_steps (int | None): Micro-batches per optimizer step. A value below 1 raises ValueError.
+        adjust_scheduler (bool): Step a prepared scheduler once per optimizer step, not per micro-batch
+            (default True).
+        sync_with_dataloader (bool): The end of a prepared dataloader closes the accumulation window
+            (default True), so no gradient carries over into the next epoch.
+        sync_each_batch (bool): All-reduce gradients on every micro-batch, not only on the last of a
+            window: more communication, less memory under FSDP (default False).
+        adjust_last_window (bool): Cadence only: the update of a dataloader's last, shorter window is the
+            mean gradient of the micro-batches it holds (default True). False divides every micro-batch
+            by `num_steps`, as Accelerate does, so that last update is smaller. See "Differences from
+            Accelerate".
 
-    Example::
+    Raises:
+        ValueError: A `num_steps` below 1.
 
-        from cadence import Accelerator, GradientAccumulationPlugin
-
-        plugin = GradientAccumulationPlugin(num_steps=4, sync_with_dataloader=False)
-        accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+    Example:
+        >>> from cadence import Accelerator
+        >>> from cadence.utils import GradientAccumulationPlugin
+        >>> plugin = GradientAccumulationPlugin(num_steps=4, sync_with_dataloader=False)
+        >>> Accelerator(gradient_accumulation_plugin=plugin).gradient_accumulation_steps
+        4
     """
 
     num_steps: int | None = None
@@ -475,7 +623,29 @@ class GradientAccumulationPlugin(KwargsHandler):
 
 @dataclass
 class TorchDynamoPlugin(KwargsHandler):
-    """Settings for `torch.compile` (backend, mode, ...); backend and mode default from launch."""
+    """Settings of `torch.compile` for the models `prepare()` returns.
+
+    Fields left None come from `cadence launch --dynamo_*` / the `ACCELERATE_DYNAMO_*` variables.
+
+    Args:
+        backend (DynamoBackend | str | None): The compiler backend ("inductor", "eager", "aot_eager",
+            "cudagraphs", ...; "no" turns compilation off). An unknown name raises ValueError.
+        mode (str | None): "default", "reduce-overhead", "max-autotune", ...
+        fullgraph (bool | None): Require the whole forward to compile as one graph.
+        dynamic (bool | None): Compile for dynamic shapes.
+        options (dict | None): Backend options (then `mode` is not passed: torch refuses both).
+        disable (bool): Turn compilation off while keeping the settings (default False).
+        use_regional_compilation (bool | None): Compile each repeated block once and reuse it, which
+            is faster to compile than the whole model.
+
+    Raises:
+        ValueError: An unknown backend.
+
+    Example:
+        >>> from cadence.utils import TorchDynamoPlugin
+        >>> TorchDynamoPlugin(backend="eager", mode="default").to_compile_kwargs()
+        {'backend': 'eager', 'mode': 'default', 'fullgraph': False, 'disable': False}
+    """
 
     backend: DynamoBackend | str | None = None
     mode: str | None = None
@@ -508,20 +678,31 @@ class TorchDynamoPlugin(KwargsHandler):
                 self.dynamic = parse_bool(found.value, found.source.removeprefix("env:"))
 
     def to_dict(self) -> dict[str, Any]:
-        """All the fields, with the backend as `torch.compile` names it (lower case)."""
+        """All the fields, with the backend lower-cased as `torch.compile` spells it.
+
+        Returns:
+            dict[str, Any]: Field names to values.
+        """
         fields = copy.deepcopy(self.__dict__)
         fields["backend"] = self.backend.value.lower()
         return fields
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The fields that differ from the defaults, less `use_regional_compilation` (not a
-        `torch.compile` argument)."""
+        """The fields that differ from the defaults, without `use_regional_compilation` (not a `torch.compile` argument).
+
+        Returns:
+            dict[str, Any]: Field names to values.
+        """
         kwargs = super().to_kwargs()
         kwargs.pop("use_regional_compilation", None)
         return kwargs
 
     def to_compile_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments to pass to `torch.compile` (no `mode` when `options` is set)."""
+        """The keyword arguments for `torch.compile` (no `mode` when `options` is set).
+
+        Returns:
+            dict[str, Any]: Keyword arguments.
+        """
         kwargs: dict[str, Any] = {"backend": self.backend.value.lower(), "mode": self.mode}
         for name in ("fullgraph", "dynamic", "options", "disable"):
             value = getattr(self, name)

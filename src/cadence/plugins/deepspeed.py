@@ -55,7 +55,15 @@ def deepspeed_missing_error(what: str = "DeepSpeed") -> ImportError:
 
 
 class DeepSpeedConfig:
-    """A DeepSpeed config dict (from a dict, a JSON file, a JSON string or base64 JSON) with lookups."""
+    """A DeepSpeed config dict (from a dict, a JSON file, a JSON string or base64 JSON) with lookups.
+
+    Args:
+        config_file_or_dict (Any): A dict, another `DeepSpeedConfig`, the path of a JSON file, or the
+            JSON text itself (plain or base64-encoded).
+
+    Raises:
+        ValueError: Something that does not decode to a JSON object.
+    """
 
     def __init__(self, config_file_or_dict: Any) -> None:
         if isinstance(config_file_or_dict, DeepSpeedConfig):
@@ -99,7 +107,14 @@ class DeepSpeedConfig:
         self._offload = self._stage in (2, 3) and bool(devices & {"cpu", "nvme"})
 
     def find_config_node(self, ds_key_long: str) -> tuple[dict | None, str]:
-        """The dict holding dotted key `ds_key_long` and its last part (None: no such parent)."""
+        """The dict holding dotted key `ds_key_long` and its last part (None: no such parent).
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+
+        Returns:
+            tuple[dict | None, str]: The parent dict and the last key.
+        """
         node: Any = self.config
         *parents, key = ds_key_long.split(".")
         for name in parents:
@@ -109,12 +124,25 @@ class DeepSpeedConfig:
         return node, key
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """The value at dotted key `ds_key_long`, or `default` when absent."""
+        """The value at dotted key `ds_key_long`, or `default` when absent.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+            default (Any): The value when there is no such entry (default None).
+        """
         node, key = self.find_config_node(ds_key_long)
         return default if node is None else node.get(key, default)
 
     def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
-        """Remove the entry at `ds_key_long`; raise if absent and `must_exist`."""
+        """Remove the entry at `ds_key_long`; raise if absent and `must_exist`.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+            must_exist (bool): Raise when there is no such entry (default False: do nothing).
+
+        Raises:
+            ValueError: With `must_exist`, a missing entry.
+        """
         node, key = self.find_config_node(ds_key_long)
         if node is None or key not in node:
             if must_exist:
@@ -123,12 +151,20 @@ class DeepSpeedConfig:
         node.pop(key)
 
     def is_true(self, ds_key_long: str) -> bool:
-        """Whether the value at `ds_key_long` is set and truthy."""
+        """Whether the value at `ds_key_long` is set and truthy.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+        """
         value = self.get_value(ds_key_long)
         return False if value is None else bool(value)
 
     def is_false(self, ds_key_long: str) -> bool:
-        """Whether the value at `ds_key_long` is set and falsy."""
+        """Whether the value at `ds_key_long` is set and falsy.
+
+        Args:
+            ds_key_long (str): A dotted path into the config, e.g. "zero_optimization.stage".
+        """
         value = self.get_value(ds_key_long)
         return False if value is None else not bool(value)
 
@@ -147,9 +183,47 @@ class DeepSpeedConfig:
 
 @dataclass
 class DeepSpeedPlugin:
-    """DeepSpeed settings: `Accelerator(deepspeed_plugin=...)`, or several in a dict by name.
+    """DeepSpeed settings: pass it as `Accelerator(deepspeed_plugin=...)`, or several by name in a dict.
 
-    Unset fields come from the ACCELERATE_* environment (what `cadence launch` sets), then defaults.
+    Either give a DeepSpeed config (`hf_ds_config`: a JSON file or a dict) or let the fields below build
+    one. "auto" values of a config are filled in at `prepare()` from the prepared objects (batch size,
+    optimizer, scheduler) and the Accelerator's settings. Fields left None come from the `ACCELERATE_*`
+    variables that `cadence launch --use_deepspeed --zero_stage ...` sets, then from the defaults below.
+    Needs the `deepspeed` package. Refused on XLA devices.
+
+    Args:
+        hf_ds_config (str | dict | HfDeepSpeedConfig | None): A DeepSpeed config: a path to its JSON
+            file, a dict or an `HfDeepSpeedConfig`. It must have a `zero_optimization` section
+            (ValueError otherwise). None builds one from the fields.
+        gradient_accumulation_steps (int | str | None): Micro-batches per optimizer step, or "auto"
+            (default: the Accelerator's `gradient_accumulation_steps`).
+        gradient_clipping (float | str | None): The gradient-norm clip, or "auto" (0 turns clipping off).
+        zero_stage (int | None): The ZeRO stage: 0, 1, 2 (default) or 3. Another value raises
+            ValueError.
+        is_train_batch_min (bool): With several dataloaders, take the smallest batch size as the train
+            batch size (default True).
+        offload_optimizer_device (str | None): Where optimizer states live: "none" (default), "cpu" or
+            "nvme" (ZeRO 2 and 3).
+        offload_param_device (str | None): Where parameters live: "none" (default), "cpu" or "nvme"
+            (ZeRO 3 only; another stage raises ValueError).
+        offload_optimizer_nvme_path (str | None): The NVMe folder for optimizer states.
+        offload_param_nvme_path (str | None): The NVMe folder for parameters.
+        zero3_init_flag (bool | None): Build models directly partitioned (`deepspeed.zero.Init`) so a
+            model bigger than one process's memory can be created (ZeRO 3 only: elsewhere it warns and
+            is turned off). None: True with ZeRO 3.
+        zero3_save_16bit_model (bool | None): With ZeRO 3, gather a 16-bit copy of the weights when the
+            model is saved (default False).
+        transformer_moe_cls_names (str | None): Comma-separated class names of mixture-of-experts layers,
+            made ZeRO-3 leaf modules.
+        enable_msamp (bool | None): FP8 training with MS-AMP through DeepSpeed (not with ZeRO 3:
+            NotImplementedError). None: True when `ACCELERATE_FP8_BACKEND=MSAMP`.
+        msamp_opt_level (str | None): MS-AMP's level, "O1" (default) or "O2"; another value raises
+            ValueError.
+
+    Raises:
+        ValueError: A config without `zero_optimization`, a bad stage, or offload options the stage
+            does not allow.
+        NotImplementedError: MS-AMP with ZeRO 3.
 
     Example::
 
@@ -157,7 +231,7 @@ class DeepSpeedPlugin:
 
         plugin = DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=2, gradient_clipping=1.0)
         accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=plugin)
-        model, optimizer = accelerator.prepare(model, optimizer)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     """
 
     hf_ds_config: Any = None
@@ -325,7 +399,14 @@ class DeepSpeedPlugin:
         must_match: bool = True,
         **kwargs: Any,
     ) -> None:
-        """Replace an "auto" value at `ds_key_long` by `kwargs[ds_key_long]`; record a mismatch otherwise."""
+        """Replace an "auto" value of the config by the value given for it; record a mismatch when the config holds another value.
+
+        Args:
+            ds_key_long (str): The dotted key in the config ("zero_optimization.stage").
+            mismatches (list | None): Where mismatches are recorded.
+            must_match (bool): Record a mismatch when the config's value differs (default True).
+            **kwargs: Dotted keys to the values to fill in.
+        """
         mismatches = [] if mismatches is None else mismatches
         node, key = self.hf_ds_config.find_config_node(ds_key_long)
         if node is None:
@@ -347,12 +428,27 @@ class DeepSpeedPlugin:
             )
 
     def is_auto(self, ds_key_long: str) -> bool:
-        """Whether the config value at `ds_key_long` is 'auto'."""
+        """Whether the config's value at `ds_key_long` is "auto".
+
+        Args:
+            ds_key_long (str): The dotted key.
+
+        Returns:
+            bool: True for "auto".
+        """
         value = self.hf_ds_config.get_value(ds_key_long)
         return value is not None and value == "auto"
 
     def get_value(self, ds_key_long: str, default: Any = None) -> Any:
-        """The config value at dotted key `ds_key_long`, or `default`."""
+        """The config's value at the dotted key `ds_key_long`, or `default`.
+
+        Args:
+            ds_key_long (str): The dotted key ("optimizer.params.lr").
+            default (Any): What to return when the key is absent.
+
+        Returns:
+            Any: The value.
+        """
         return self.hf_ds_config.get_value(ds_key_long, default)
 
     def deepspeed_config_process(
@@ -363,7 +459,18 @@ class DeepSpeedPlugin:
         must_match: bool = True,
         **kwargs: Any,
     ) -> None:
-        """Fill every "auto" value of the config from `kwargs` (dotted keys); raise on mismatches."""
+        """Fill every "auto" value of the config from `kwargs`; raise when given values contradict the config.
+
+        Args:
+            prefix (str): The dotted prefix of the sub-tree being processed ("" for the whole config).
+            mismatches (list | None): Where mismatches are collected.
+            config (dict | None): The sub-tree; None means the whole config.
+            must_match (bool): Treat a value that differs from the config as an error (default True).
+            **kwargs: Dotted keys to values.
+
+        Raises:
+            ValueError: The config and the given values disagree (the message lists each key).
+        """
         mismatches = [] if mismatches is None else mismatches
         config = self.deepspeed_config if config is None else config
         for key, value in config.items():
@@ -385,8 +492,14 @@ class DeepSpeedPlugin:
             )
 
     def check_mixed_precision(self, mixed_precision: str) -> None:
-        """Raise when the config enables the other half precision than `mixed_precision` (checked
-        by `cadence.precision.choice.choose_precision` before any side effect)."""
+        """Raise when the config enables the other half precision than `mixed_precision`.
+
+        Args:
+            mixed_precision (str): The Accelerator's precision ("no", "fp16", "bf16", "fp8").
+
+        Raises:
+            ValueError: The config enables fp16 while bf16 is asked for, or the reverse.
+        """
         if mixed_precision == "no":
             return
         other = "bf16" if mixed_precision == "fp16" else "fp16"
@@ -398,13 +511,23 @@ class DeepSpeedPlugin:
             )
 
     def set_mixed_precision(self, mixed_precision: str) -> None:
-        """Turn on the config's fp16/bf16 section to match the Accelerator's mixed precision."""
+        """Turn on the config's fp16 or bf16 section to match the Accelerator's precision.
+
+        Args:
+            mixed_precision (str): "no", "fp16", "bf16" or "fp8".
+
+        Raises:
+            ValueError: The config enables the other half precision.
+        """
         self.check_mixed_precision(mixed_precision)
         self.enable_mixed_precision(mixed_precision)
 
     def enable_mixed_precision(self, mixed_precision: str) -> None:
-        """`set_mixed_precision` for a precision already checked against this config (the process
-        state applies the Accelerator's `PrecisionChoice` this way)."""
+        """Like `set_mixed_precision`, for a precision already checked against this config.
+
+        Args:
+            mixed_precision (str): "no", "fp16", "bf16" or "fp8".
+        """
         config = self.deepspeed_config
         enabled = {
             "fp16.enabled": mixed_precision == "fp16",
@@ -448,7 +571,11 @@ class DeepSpeedPlugin:
 
     @contextmanager
     def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
-        """Context manager: turn ZeRO-3 `zero.Init` on or off (`enable`) inside the block."""
+        """Turn ZeRO-3's partitioned model creation (`deepspeed.zero.Init`) on or off inside the block.
+
+        Args:
+            enable (bool): On (True) or off (False, the default: for a model that must be built whole).
+        """
         previous = self.zero3_init_flag
         if previous == enable:
             yield
@@ -464,7 +591,14 @@ class DeepSpeedPlugin:
             self.set_deepspeed_weakref()
 
     def set_moe_leaf_modules(self, model: Any) -> None:
-        """Make the MoE layer classes in `transformer_moe_cls_names` ZeRO-3 leaf modules."""
+        """Make the mixture-of-experts layer classes of `transformer_moe_cls_names` ZeRO-3 leaf modules.
+
+        Args:
+            model (torch.nn.Module): The model.
+
+        Raises:
+            ValueError: A class name the model does not have.
+        """
         if self.transformer_moe_cls_names is None:
             self.transformer_moe_cls_names = plugin_env_text(
                 "ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES"
@@ -506,7 +640,14 @@ class DeepSpeedPlugin:
 
 
 class DummyOptim:
-    """Stands for the optimizer defined in the DeepSpeed config (its `params`, `lr`, `weight_decay`)."""
+    """Stands for the optimizer defined in the DeepSpeed config (its `params`, `lr`, `weight_decay`).
+
+    Args:
+        params (Any): The model's parameters (or parameter groups).
+        lr (float): The learning rate, filling the config's "auto" value (default 0.001).
+        weight_decay (float): The weight decay, filling the config's "auto" value (default 0).
+        **kwargs: Other optimizer settings, kept in `kwargs`.
+    """
 
     def __init__(
         self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any
@@ -518,7 +659,16 @@ class DummyOptim:
 
 
 class DummyScheduler:
-    """Stands for the scheduler defined in the DeepSpeed config (or built by `lr_scheduler_callable`)."""
+    """Stands for the scheduler defined in the DeepSpeed config (or built by `lr_scheduler_callable`).
+
+    Args:
+        optimizer (Any): The optimizer it schedules (usually a `DummyOptim`).
+        total_num_steps (int | None): The number of training steps, filling the config's "auto" value.
+        warmup_num_steps (int): The number of warm-up steps (default 0).
+        lr_scheduler_callable (Any): Builds the scheduler from the optimizer DeepSpeed creates, when the
+            config defines none.
+        **kwargs: Other scheduler settings, kept in `kwargs`.
+    """
 
     def __init__(
         self,

@@ -16,6 +16,12 @@ def get_active_deepspeed_plugin(state: Any) -> Any:
 
     Raises:
         ValueError: DeepSpeed is not the distributed type of `state`.
+
+    Args:
+        state (Any): The `AcceleratorState`.
+
+    Returns:
+        The selected `DeepSpeedPlugin`.
     """
     if state.distributed_type != DistributedType.DEEPSPEED:
         raise ValueError(
@@ -32,7 +38,14 @@ def get_active_deepspeed_plugin(state: Any) -> Any:
 def map_pytorch_optim_to_deepspeed(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """DeepSpeed's CPU optimizer equivalent to `optimizer` (for ZeRO optimizer offload): CPU Adagrad
     for `Adagrad`, CPU Adam otherwise (AdamW mode for `AdamW`), with the same lr and weight decay,
-    on the same parameter groups. Needs DeepSpeed's compiled CPU ops."""
+    on the same parameter groups. Needs DeepSpeed's compiled CPU ops.
+
+    Args:
+        optimizer (torch.optim.Optimizer): The torch optimizer to replace.
+
+    Returns:
+        torch.optim.Optimizer: DeepSpeed's CPU optimizer.
+    """
     defaults = {k: v for k, v in optimizer.defaults.items() if k in ("lr", "weight_decay")}
     if isinstance(optimizer, torch.optim.Adagrad):
         from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad  # optional dependency

@@ -84,21 +84,76 @@ def find_module_class(model: torch.nn.Module, class_name: str) -> type | None:
 
 @dataclass
 class FullyShardedDataParallelPlugin:
-    """Settings for fully sharded data parallel training; pass it as `Accelerator(fsdp_plugin=...)`.
+    """Settings of fully sharded data parallel training (FSDP): pass it as `Accelerator(fsdp_plugin=...)`.
 
-    Unset fields come from the FSDP_* environment (what `cadence launch` sets), then defaults.
+    FSDP splits each parameter, gradient and optimizer state over the processes, so models too big
+    for one GPU train. Fields left None come from the `FSDP_*` variables that `cadence launch --use_fsdp
+    --fsdp_*` (or a config file) sets, then from the defaults below. Settings that do not exist in the
+    chosen FSDP version are ignored with a logged note; contradictory ones raise ValueError.
 
-    Example::
+    Args:
+        fsdp_version (int | None): 2 for FSDP2 (`fully_shard`, recommended) or 1 for the older
+            `FullyShardedDataParallel` wrapper (default 1, as in Accelerate). Another value raises
+            ValueError.
+        sharding_strategy (str | ShardingStrategy | None): FSDP1's strategy: "FULL_SHARD" (default),
+            "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2". Deprecated with FSDP2:
+            use `reshard_after_forward`.
+        reshard_after_forward (bool | str | None): FSDP2: free the gathered parameters after the forward
+            (True, default) or keep them until the backward (False: faster, more memory). FSDP1: a
+            sharding strategy name. The wrong kind for the version raises ValueError.
+        backward_prefetch (str | BackwardPrefetch | None): FSDP1: when to prefetch the next parameters
+            in the backward ("BACKWARD_PRE", "BACKWARD_POST"). FSDP2 always prefetches; ignored there.
+        mixed_precision_policy (str | dict | MixedPrecision | MixedPrecisionPolicy | None): The dtypes
+            FSDP computes and reduces in: "bf16", "fp16", "fp32", a dict of the policy's fields, or
+            torch's policy object of this version. None follows the Accelerator's `mixed_precision`.
+        auto_wrap_policy (str | Callable | None): Which submodules become their own FSDP unit:
+            "transformer_based_wrap" (the classes of `transformer_cls_names_to_wrap`, or the model's
+            `_no_split_modules`), "size_based_wrap" (modules above `min_num_params`), "no_wrap"
+            (default), or a torch policy callable. An unknown name raises ValueError.
+        cpu_offload (bool | CPUOffload | CPUOffloadPolicy | None): Keep parameters (and optimizer states)
+            on the CPU between uses (default False).
+        ignored_modules (Iterable[torch.nn.Module] | str | None): Modules FSDP leaves alone (a regular
+            expression of module names as a string).
+        state_dict_type (str | StateDictType | None): What `save_state` writes: "SHARDED_STATE_DICT"
+            (each process its shard; FSDP2's default) or "FULL_STATE_DICT" (gathered on rank 0; FSDP1's
+            default). "LOCAL_STATE_DICT" is FSDP1 only.
+        state_dict_config (StateDictConfig | None): torch's options for the model's state dict; None
+            offloads to the CPU (and rank 0 only for full state dicts).
+        optim_state_dict_config (OptimStateDictConfig | None): The same for the optimizer.
+        limit_all_gathers (bool): FSDP1: limit in-flight all-gathers to save memory (default True).
+        use_orig_params (bool | None): FSDP1: keep the original parameters visible (needed for
+            several optimizer parameter groups and `torch.compile`). Ignored with FSDP2.
+        param_init_fn (Callable[[torch.nn.Module], None] | None): Initialise modules created on the
+            meta device.
+        sync_module_states (bool | None): FSDP1: broadcast rank 0's weights at wrap time (needed with
+            `cpu_ram_efficient_loading`). Ignored with FSDP2.
+        forward_prefetch (bool | None): FSDP1: prefetch the next all-gather in the forward. Not
+            available with FSDP2 (True raises ValueError).
+        activation_checkpointing (bool | None): Recompute activations in the backward instead of keeping
+            them (default False).
+        activation_checkpointing_offload (bool | None): FSDP2: also move the kept activations to the
+            CPU; needs `activation_checkpointing` (ValueError otherwise).
+        cpu_ram_efficient_loading (bool | None): Load pretrained weights on rank 0 only and send them
+            to the others (transformers reads this), so a big model is not loaded once per process.
+        transformer_cls_names_to_wrap (list[str] | None): Class names of the layers to wrap with
+            "transformer_based_wrap" (a comma-separated string is accepted). A name missing from the
+            model raises ValueError when it is prepared, listing the classes it has.
+        min_num_params (int | None): The size threshold of "size_based_wrap".
 
-        from cadence import Accelerator, FullyShardedDataParallelPlugin
+    Raises:
+        ValueError: An unknown name or a combination the chosen FSDP version refuses (the message says
+            what to change).
 
-        plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=2,
-            auto_wrap_policy="transformer_based_wrap",
-            transformer_cls_names_to_wrap=["DecoderLayer"],
-        )
-        accelerator = Accelerator(fsdp_plugin=plugin)
-        model, optimizer = accelerator.prepare(model, optimizer)
+    Example:
+        >>> from cadence import FullyShardedDataParallelPlugin
+        >>> plugin = FullyShardedDataParallelPlugin(
+        ...     fsdp_version=2,
+        ...     auto_wrap_policy="transformer_based_wrap",
+        ...     transformer_cls_names_to_wrap=["DecoderLayer"],
+        ...     activation_checkpointing=True,
+        ... )
+        >>> plugin.reshard_after_forward, plugin.state_dict_type.name
+        (True, 'SHARDED_STATE_DICT')
     """
 
     fsdp_version: int = None
@@ -281,7 +336,16 @@ class FullyShardedDataParallelPlugin:
 
     # -- public helpers (same names as the reference) -----------------------------------------------
     def set_state_dict_type(self, state_dict_type: Any = None) -> None:
-        """Set `state_dict_type` (e.g. "FULL_STATE_DICT" for the final save) and its default configs."""
+        """Set `state_dict_type` and the default state-dict configurations that go with it.
+
+        Args:
+            state_dict_type (str | StateDictType | None): "FULL_STATE_DICT", "SHARDED_STATE_DICT" or
+                "LOCAL_STATE_DICT" (FSDP1 only); None keeps the current one (or the `FSDP_STATE_DICT_TYPE`
+                variable, else the version's default).
+
+        Raises:
+            ValueError: An unknown name, or LOCAL_STATE_DICT with FSDP2.
+        """
         from torch.distributed.fsdp import (
             FullOptimStateDictConfig,
             FullStateDictConfig,
@@ -324,7 +388,14 @@ class FullyShardedDataParallelPlugin:
             )
 
     def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
-        """Bind the string policy to `model`: find the layer classes, or apply `min_num_params`."""
+        """Bind a named wrap policy to `model`: find its layer classes, or apply `min_num_params`.
+
+        Args:
+            model (torch.nn.Module): The model about to be wrapped.
+
+        Raises:
+            ValueError: A class of `transformer_cls_names_to_wrap` the model does not have.
+        """
         from torch.distributed.fsdp.wrap import (
             size_based_auto_wrap_policy,
             transformer_auto_wrap_policy,
@@ -348,7 +419,17 @@ class FullyShardedDataParallelPlugin:
                 self.auto_wrap_policy = None
 
     def layer_classes(self, model: torch.nn.Module) -> list[type]:
-        """The classes named in `transformer_cls_names_to_wrap`; a clear error for a name not in `model`."""
+        """The classes named in `transformer_cls_names_to_wrap` (else the model's `_no_split_modules`), found in `model`.
+
+        Args:
+            model (torch.nn.Module): The model.
+
+        Returns:
+            list[type]: The layer classes.
+
+        Raises:
+            ValueError: A name that no module of `model` has (the message lists the classes it has).
+        """
         classes = []
         names = self.transformer_cls_names_to_wrap
         if names is None:
@@ -368,7 +449,17 @@ class FullyShardedDataParallelPlugin:
     def set_mixed_precision(
         self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False
     ) -> None:
-        """Build the FSDP mixed precision policy from "bf16"/"fp16"/"fp32"/"fp8", a dtype or a dict."""
+        """Build the FSDP mixed-precision policy from a precision name, a dtype or a dict.
+
+        Args:
+            mixed_precision (str | torch.dtype | dict): "bf16", "fp16", "fp32" or "fp8", a dtype, or a dict
+                of the policy's fields.
+            buffer_autocast (bool): FSDP1: keep buffers in float32 (default False).
+            override (bool): Replace a policy already set (default False).
+
+        Raises:
+            ValueError: An unknown name or dtype, or a dict without the policy's fields.
+        """
         if self.fsdp_version == 2:
             from torch.distributed.fsdp import MixedPrecisionPolicy as policy_class
         else:

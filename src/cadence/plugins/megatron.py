@@ -11,7 +11,88 @@ from typing import Any
 class MegatronLMPlugin:
     """Megatron-LM settings (tensor / pipeline parallel degrees, micro-batches, ...). Not supported yet.
 
-    The fields and their order are the reference's, so scripts that build one keep working.
+    The fields and their order are Accelerate's, so scripts that build one keep working.
+
+    Attributes:
+        tp_degree (Any): Tensor-parallel degree.
+        pp_degree (Any): Pipeline-parallel degree.
+        use_custom_fsdp (Any): Use Megatron-LM's own FSDP.
+        overlap_cpu_optimizer_d2h_h2d (Any): Overlap the device-host copies of a CPU-offloaded
+            optimizer with compute.
+        no_load_optim (Any): Do not load the optimizer state from a checkpoint.
+        eod_mask_loss (Any): Leave end-of-document tokens out of the loss.
+        no_save_optim (Any): Do not save the optimizer state in checkpoints.
+        optimizer_cpu_offload (Any): Keep the optimizer state on the CPU.
+        use_precision_aware_optimizer (Any): Use the optimizer that keeps its states in reduced
+            precision.
+        decoder_last_pipeline_num_layers (Any): The number of decoder layers on the last
+            pipeline stage.
+        recompute_granularity (Any): Activation recomputation: "full" or "selective".
+        recompute_method (Any): How full recomputation picks layers: "uniform" or "block".
+        recompute_num_layers (Any): The number of layers recomputed (per group or per stage).
+        attention_backend (Any): The attention implementation.
+        expert_model_parallel_size (Any): Expert-parallel degree (mixture of experts).
+        context_parallel_size (Any): Context-parallel degree (the sequence split over
+            processes).
+        attention_dropout (Any): Dropout probability of the attention weights.
+        hidden_dropout (Any): Dropout probability of the hidden states.
+        attention_softmax_in_fp32 (Any): Compute the attention softmax in fp32.
+        expert_tensor_parallel_size (Any): Tensor-parallel degree inside the experts.
+        calculate_per_token_loss (Any): Average the loss over tokens rather than over micro-
+            batches.
+        use_rotary_position_embeddings (Any): Use rotary position embeddings.
+        num_micro_batches (Any): The number of micro-batches per step (pipeline parallelism).
+        gradient_clipping (Any): The global gradient-norm clipping value.
+        sequence_parallelism (Any): Split the layer-norm and dropout activations along the
+            sequence (with tensor parallelism).
+        recompute_activations (Any): Recompute the attention activations in the backward
+            (selective recomputation).
+        use_distributed_optimizer (Any): Shard the optimizer state over the data-parallel
+            processes.
+        pipeline_model_parallel_split_rank (Any): The rank where an encoder-decoder model's
+            pipeline switches to the decoder.
+        num_layers_per_virtual_pipeline_stage (Any): Layers per virtual stage (interleaved
+            pipeline schedule).
+        is_train_batch_min (Any): Take the smallest batch size as the training batch size
+            (default True).
+        train_iters (Any): The total number of training iterations.
+        train_samples (Any): The total number of training samples (instead of `train_iters`).
+        weight_decay_incr_style (Any): How the weight decay changes: "constant" (default),
+            "linear" or "cosine".
+        start_weight_decay (Any): The initial weight decay.
+        end_weight_decay (Any): The final weight decay.
+        lr_decay_style (Any): How the learning rate decays: "linear" (default), "cosine",
+            "constant" ...
+        lr_decay_iters (Any): Iterations over which the learning rate decays.
+        lr_decay_samples (Any): Samples over which the learning rate decays.
+        lr_warmup_iters (Any): Iterations of learning-rate warm-up.
+        lr_warmup_samples (Any): Samples of learning-rate warm-up.
+        lr_warmup_fraction (Any): The fraction of the decay period spent warming up.
+        min_lr (Any): The lowest learning rate of the schedule (default 0).
+        consumed_samples (Any): Samples already consumed per dataset (train, valid, test), to
+            resume.
+        no_wd_decay_cond (Any): Decides which parameters get no weight decay.
+        scale_lr_cond (Any): Decides which parameters get a scaled learning rate.
+        lr_mult (Any): The factor of that scaled learning rate (default 1.0).
+        megatron_dataset_flag (Any): The data is a Megatron-LM dataset (default False).
+        seq_length (Any): The maximum sequence length.
+        encoder_seq_length (Any): The encoder's maximum sequence length.
+        decoder_seq_length (Any): The decoder's maximum sequence length.
+        tensorboard_dir (Any): Where Megatron-LM writes TensorBoard logs.
+        set_all_logging_options (Any): Turn on all of Megatron-LM's TensorBoard logging (default
+            False).
+        eval_iters (Any): Iterations per evaluation (default 100).
+        eval_interval (Any): Iterations between evaluations (default 1000).
+        return_logits (Any): Return the logits from the train step (default False).
+        custom_train_step_class (Any): A train-step class used instead of the built-in ones.
+        custom_train_step_kwargs (Any): Arguments for that class.
+        custom_model_provider_function (Any): A function that builds the model.
+        custom_prepare_model_function (Any): A function that prepares the model.
+        custom_megatron_datasets_provider_function (Any): A function that builds the Megatron-LM
+            datasets.
+        custom_get_batch_function (Any): A function that fetches a batch.
+        custom_loss_function (Any): A function that computes the loss.
+        other_megatron_args (dict[str, Any] | None): Any other Megatron-LM argument, by name.
     """
 
     tp_degree: Any = None

@@ -16,7 +16,12 @@ MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 
 @dataclass
 class TorchTensorParallelPlugin:
-    """Deprecated: use `ParallelismConfig(tp_size=...)`."""
+    """Deprecated in Accelerate: use `ParallelismConfig(tp_size=...)`.
+
+    Args:
+        tp_size (int): The tensor-parallel degree (default 1).
+        torch_device_mesh (torch.distributed.device_mesh.DeviceMesh | None): A mesh to use.
+    """
 
     tp_size: int = 1
     torch_device_mesh: Any = None
@@ -24,11 +29,15 @@ class TorchTensorParallelPlugin:
 
 @dataclass
 class TorchTensorParallelConfig:
-    """Tensor parallel options. Async TP needs fused kernels that are not used here, so it is ignored.
+    """Tensor-parallel options of a `ParallelismConfig`.
 
-    `tp_plan` (a Cadence extension) splits a plain model: a dict from module name (with `*` wildcards)
-    to "colwise" / "rowwise" / "colwise_rep" / "rowwise_rep" / "sequence_parallel" or a
-    `ParallelStyle`, or a callable `plan(model, tp_mesh)`. Without it the model's own `tp_plan` is used.
+    Args:
+        enable_async_tp (bool): Asynchronous tensor parallelism; not supported by Cadence (it needs
+            fused kernels), so True only warns (default False).
+        tp_plan (dict | Callable | None): Cadence only: how to split a plain model. A dict from module
+            name (with `*` wildcards) to "colwise", "rowwise", "colwise_rep", "rowwise_rep",
+            "sequence_parallel" or a torch `ParallelStyle`, or a callable `plan(model, tp_mesh)`. None
+            uses the model's own `tp_plan` (transformers models have one).
     """
 
     enable_async_tp: bool = False
@@ -43,7 +52,12 @@ class TorchTensorParallelConfig:
 
 @dataclass
 class TorchContextParallelConfig:
-    """Context parallel options: how the ring attention exchanges key/value shards."""
+    """Context-parallel options of a `ParallelismConfig`: how ring attention exchanges key/value shards.
+
+    Args:
+        cp_comm_strategy (str | None): "allgather" (default) or "alltoall"; None reads
+            `PARALLELISM_CONFIG_CP_COMM_STRATEGY`. Another value raises ValueError.
+    """
 
     cp_comm_strategy: str | None = None
 
@@ -61,7 +75,14 @@ class TorchContextParallelConfig:
 
 @dataclass
 class DeepSpeedSequenceParallelConfig:
-    """Sequence parallel (DeepSpeed Ulysses) options."""
+    """Sequence-parallel (DeepSpeed Ulysses) options of a `ParallelismConfig` (not supported by Cadence yet).
+
+    Args:
+        sp_seq_length (int | None): The fixed sequence length, required when it is not variable.
+        sp_seq_length_is_variable (bool | None): Whether sequences vary in length (None reads
+            `PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE`, default True).
+        sp_attn_implementation (str | None): The attention implementation to use.
+    """
 
     sp_seq_length: int | None = None
     sp_seq_length_is_variable: bool | None = None
@@ -112,21 +133,41 @@ def _env_size(name: str) -> int:
 
 @dataclass
 class ParallelismConfig:
-    """Sizes of each parallel dimension; their product must equal the number of processes.
+    """The sizes of the parallel dimensions; their product must be the number of processes.
 
-    `dp_shard_size > 1` shards the model (FSDP2); with `dp_replicate_size > 1` too, that is hybrid
-    sharding (HSDP). `tp_size > 1` splits layers by the model's tensor parallel plan; every rank of
-    one tensor parallel group sees the same batch.
+    The Accelerator builds a `DeviceMesh` from it (`accelerator.torch_device_mesh`) and shards the model
+    along it. `dp_shard_size > 1` shards parameters with FSDP2; with `dp_replicate_size > 1` as well,
+    that is hybrid sharding (HSDP: sharded within a group, replicated across groups). `tp_size > 1`
+    splits layers by a tensor-parallel plan; every rank of one tensor-parallel group reads the same batch.
+    `cp_size > 1` splits the sequence dimension (context parallelism, with FSDP2). Sizes left None come
+    from `PARALLELISM_CONFIG_<NAME>` variables (set by `cadence launch`), else 1. With every size 1 on
+    several processes, `dp_replicate_size` becomes the number of processes (plain DDP).
 
-    Example::
+    Args:
+        dp_replicate_size (int | None): Replicas of the model (data parallel, DDP-like).
+        dp_shard_size (int | None): Processes one copy of the model is sharded over (FSDP2).
+        tp_size (int | None): Tensor-parallel degree.
+        cp_size (int | None): Context-parallel degree (sequence split over processes).
+        cp_backend (str | None): Only "torch" (default); another value raises ValueError.
+        sp_size (int | None): Sequence-parallel degree (DeepSpeed Ulysses; not supported by Cadence:
+            a value above 1 raises NotImplementedError when the Accelerator starts).
+        sp_backend (str | None): Only "deepspeed" (default).
+        tp_handler (TorchTensorParallelConfig | None): Tensor-parallel options (the plan of a plain
+            model); created with defaults when `tp_size > 1`.
+        cp_handler (TorchContextParallelConfig | None): Context-parallel options (how key/value shards
+            are exchanged); created with defaults when `cp_size > 1`.
+        sp_handler (DeepSpeedSequenceParallelConfig | None): Sequence-parallel options.
 
-        from cadence import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
+    Raises:
+        ValueError: A size below 1 or not an integer; both `cp_size` and `sp_size` above 1; tensor or
+            context parallelism with pure replication (`dp_replicate_size > 1`, `dp_shard_size == 1`);
+            and, when the Accelerator starts, sizes whose product is not the number of processes.
 
-        # 8 processes: 2 replicas, each sharded over 4 ranks
-        config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=4)
-        accelerator = Accelerator(
-            parallelism_config=config, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)
-        )
+    Example:
+        >>> from cadence import ParallelismConfig
+        >>> config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=4)  # for 8 processes
+        >>> config.total_size, config.fsdp_dim_names
+        (8, ['dp_replicate', 'dp_shard_cp'])
     """
 
     dp_replicate_size: int | None = None
@@ -279,7 +320,15 @@ class ParallelismConfig:
         return tuple(names), tuple(self._sizes[n] for n in names)
 
     def build_device_mesh(self, device_type: str) -> Any:
-        """The `DeviceMesh` of the active dimensions, plus the flattened `dp`, `dp_shard_cp`, `dp_cp`."""
+        """A new `DeviceMesh` of the dimensions whose size is above 1, with the flattened `dp`, `dp_shard_cp` and `dp_cp` dimensions.
+
+        Args:
+            device_type (str): "cuda", "cpu", ...
+
+        Returns:
+            torch.distributed.device_mesh.DeviceMesh | None: The mesh; None when no dimension is above 1 or
+            with sequence parallelism (DeepSpeed builds its own groups).
+        """
         if self.sp_enabled:
             return None  # DeepSpeed builds its own sequence parallel groups
         names, shape = self._get_mesh()
@@ -299,7 +348,17 @@ class ParallelismConfig:
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
-        """The device mesh, built on first call for `device_type`; later calls return the same."""
+        """The device mesh, built for `device_type` on the first call; later calls return the same one.
+
+        Args:
+            device_type (str | None): "cuda", "cpu", ...; required on the first call.
+
+        Returns:
+            torch.distributed.device_mesh.DeviceMesh | None: The mesh.
+
+        Raises:
+            ValueError: No `device_type` on the first call, or another one than the mesh was built for.
+        """
         if self.device_mesh is None:
             if device_type is None:
                 raise ValueError(
@@ -319,7 +378,21 @@ class ParallelismConfig:
         is_fsdp2: bool,
         is_main_process: bool,
     ) -> None:
-        """Check the sizes against the processes and the distributed type (fills dp_replicate for DDP)."""
+        """Check the sizes against the job; with every size 1 on several processes, set `dp_replicate_size`.
+
+        The Accelerator calls it when it starts.
+
+        Args:
+            num_processes (int): The number of processes.
+            distributed_type (DistributedType): How they train together.
+            is_fsdp2 (bool): Whether FSDP2 shards the model.
+            is_main_process (bool): Whether this is rank 0 (only it warns).
+
+        Raises:
+            ValueError: The product of the sizes is not `num_processes`; FSDP without a dimension to shard
+                over; FSDP version 1.
+            NotImplementedError: `sp_size > 1`.
+        """
         if num_processes == 1 and self.total_size == 1:
             return
         if self.total_size == 1:
@@ -363,7 +436,11 @@ class ParallelismConfig:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The sizes, backends and handlers as a JSON-friendly dict."""
+        """The sizes, backends and handlers as a dict that `json.dumps` accepts.
+
+        Returns:
+            dict[str, Any]: Field names to values.
+        """
         result: dict[str, Any] = {}
         for name in (
             "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size",

@@ -34,6 +34,12 @@ def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, s
     Example::
 
         first, last = find_first_last_linear_layers(model)   # ("embed_proj", "lm_head")
+
+    Args:
+        model (torch.nn.Module): The model to search.
+
+    Returns:
+        tuple[str | None, str | None]: The first and the last linear's names.
     """
     first = last = None
     for name, module in model.named_modules():
@@ -45,7 +51,16 @@ def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, s
 
 def filter_linear_layers(module: torch.nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
     """Whether to convert `module` (named `fqn`) to float8: a linear whose dimensions are multiples of 16
-    and whose name is not in `layers_to_filter`."""
+    and whose name is not in `layers_to_filter`.
+
+    Args:
+        module (torch.nn.Module): The module torchao asks about.
+        fqn (str): Its full name.
+        layers_to_filter (list[str]): Full names of modules to keep in high precision.
+
+    Returns:
+        bool: Whether to convert it.
+    """
     if isinstance(module, torch.nn.Linear) and (
         module.in_features % 16 != 0 or module.out_features % 16 != 0
     ):
@@ -54,7 +69,15 @@ def filter_linear_layers(module: torch.nn.Module, fqn: str, layers_to_filter: li
 
 
 def filter_first_and_last_linear_layers(module: torch.nn.Module, fqn: str) -> bool:
-    """A `module_filter_func` keeping the first and last linear layers of `module` in high precision."""
+    """A `module_filter_func` keeping the first and last linear layers of `module` in high precision.
+
+    Args:
+        module (torch.nn.Module): The module torchao asks about.
+        fqn (str): Its full name.
+
+    Returns:
+        bool: Whether to convert it.
+    """
     first, last = find_first_last_linear_layers(module)
     return filter_linear_layers(module, fqn, layers_to_filter=[first, last])
 
@@ -69,6 +92,15 @@ def convert_model_to_fp8_ao(
         from torchao.float8 import Float8LinearConfig
 
         convert_model_to_fp8_ao(model, Float8LinearConfig(pad_inner_dim=True))
+
+    Args:
+        model (torch.nn.Module): The model to convert.
+        config (Any): A torchao `Float8LinearConfig`; None uses torchao's default.
+        module_filter_func (Callable | None): Called as `f(module, fqn)`, True for the modules to convert;
+            None converts every linear with dimensions divisible by 16 except the first and last.
+
+    Returns:
+        torch.nn.Module: `model`.
     """
     from torchao.float8 import convert_to_float8_training  # optional dependency
 
@@ -80,7 +112,14 @@ def convert_model_to_fp8_ao(
 
 
 def has_ao_layers(model: torch.nn.Module) -> bool:
-    """Whether `model` holds at least one torchao `Float8Linear`."""
+    """Whether `model` holds at least one torchao `Float8Linear`.
+
+    Args:
+        model (torch.nn.Module): The model to inspect.
+
+    Returns:
+        bool: True when torchao has converted some layer.
+    """
     from torchao.float8.float8_linear import Float8Linear  # optional dependency
 
     return any(isinstance(module, Float8Linear) for module in model.modules())

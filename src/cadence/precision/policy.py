@@ -39,6 +39,12 @@ def convert_outputs_to_fp32(model_forward: Any) -> Any:
     Example::
 
         model.forward = convert_outputs_to_fp32(model.forward)
+
+    Args:
+        model_forward (Any): The forward function to wrap.
+
+    Returns:
+        The wrapped forward, taking the same arguments.
     """
 
     @functools.wraps(model_forward)

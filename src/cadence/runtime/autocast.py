@@ -24,6 +24,14 @@ def get_mixed_precision_context_manager(
 
         with get_mixed_precision_context_manager(native_amp=True):
             outputs = model(inputs)
+
+    Args:
+        native_amp (bool): Whether the precision runs through torch's autocast (default False).
+        autocast_kwargs (Any): An `AutocastKwargs` whose options go to `torch.autocast`; None uses its
+            defaults.
+
+    Returns:
+        A context manager.
     """
     state = AcceleratorState()
     if not native_amp or state.mixed_precision not in AUTOCAST_DTYPES:
@@ -41,6 +49,14 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
     Example::
 
         scaler = get_grad_scaler(init_scale=1024)
+
+    Args:
+        distributed_type (Any): The job's `DistributedType`; `DistributedType.FSDP` gives the sharded
+            scaler.
+        **kwargs: Passed to the scaler (init_scale, growth_factor ...).
+
+    Returns:
+        The scaler.
     """
     device_type = AcceleratorState().device.type
     if distributed_type == DistributedType.FSDP:

@@ -78,7 +78,23 @@ def describe(data: Any) -> Any:
 def send_to_device(
     tensor: Any, device: Any, non_blocking: bool = False, skip_keys: list[str] | str | None = None
 ) -> Any:
-    """Move every tensor (or object with `.to`) in a nested structure to `device`."""
+    """Move every tensor (or object with `.to`) of a nested structure to `device`.
+
+    Args:
+        tensor (Any): A tensor, or lists, tuples, dicts and dataclasses of them.
+        device (torch.device | str | int): The target device.
+        non_blocking (bool): Copy with `non_blocking=True` (default False).
+        skip_keys (str | list[str] | None): Keys of dicts whose values stay where they are.
+
+    Returns:
+        The same structure on `device`.
+
+    Example:
+        >>> import torch
+        >>> from cadence.utils import send_to_device
+        >>> send_to_device({"x": torch.ones(2), "n": 3}, "cpu")["x"].device
+        device(type='cpu')
+    """
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]
     if isinstance(tensor, (tuple, list)):
@@ -122,7 +138,23 @@ def _gather_one(tensor: torch.Tensor, num_processes: int) -> torch.Tensor:
 
 
 def gather(tensor: Any) -> Any:
-    """Concatenate every rank's tensors on the first dimension, on every rank (0-d become 1-d)."""
+    """Concatenate every process's tensors along the first dimension; every process gets the result.
+
+    Tensors must have the same shape on every process except the first dimension being equal too (use
+    `pad_across_processes` first otherwise); 0-d tensors become 1-d.
+
+    Args:
+        tensor (torch.Tensor | list | tuple | dict): A tensor or a nested structure of tensors.
+
+    Returns:
+        The same structure, each tensor `num_processes` times longer, in rank order.
+
+    Example:
+        >>> import torch
+        >>> from cadence.utils import gather
+        >>> gather(torch.tensor([1, 2])).tolist()  # on 2 processes: [1, 2, 1, 2]
+        [1, 2]
+    """
     state = _state()
     try:
         if not state.use_distributed:
@@ -140,7 +172,19 @@ def gather(tensor: Any) -> Any:
 
 
 def gather_object(object: Any) -> Any:
-    """Gather picklable objects from every rank; lists/tuples are concatenated in rank order."""
+    """Gather picklable objects from every process; lists and tuples are concatenated in rank order.
+
+    Args:
+        object (Any): A picklable object (a list of results, usually).
+
+    Returns:
+        list: Every process's items, in rank order.
+
+    Example:
+        >>> from cadence.utils import gather_object
+        >>> gather_object(["a", "b"])  # on 2 processes: ['a', 'b', 'a', 'b']
+        ['a', 'b']
+    """
     state = _state()
     if not state.use_distributed:
         return object
@@ -175,11 +219,23 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, num_processes: int) -> tor
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
-    """Reduce tensors across ranks; every rank gets the result (`cadence.utils.reduce` defaults to
-    "mean" and `Accelerator.reduce` to "sum", as in the reference).
+    """Reduce tensors across processes; every process gets the result.
 
-    `scale` is honoured only on XLA, as in the reference; 'none' behaves like the reference too (it
-    sums, without dividing).
+    Args:
+        tensor (torch.Tensor | list | tuple | dict): A tensor or a nested structure of tensors.
+        reduction (str): "mean" (this function's default), "sum", or "none" (sums without dividing,
+            as Accelerate does). `Accelerator.reduce` defaults to "sum".
+        scale (float): A factor applied after the reduction, on XLA devices only (as documented by
+            Accelerate; default 1.0).
+
+    Returns:
+        The reduced data, of the same structure.
+
+    Example:
+        >>> import torch
+        >>> from cadence.utils import reduce
+        >>> reduce(torch.tensor([2.0, 4.0]), reduction="sum").tolist()
+        [2.0, 4.0]
     """
     if reduction not in REDUCTIONS:
         raise ValueError(
@@ -203,7 +259,16 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
-    """Overwrite every rank's tensors (in place) with those of `from_process`; returns them."""
+    """Overwrite every process's tensors, in place, with those of process `from_process`.
+
+    Args:
+        tensor (torch.Tensor | list | tuple | dict): A tensor or a nested structure of tensors, of the
+            same shapes on every process.
+        from_process (int): The rank whose values are sent (default 0).
+
+    Returns:
+        The same structure, holding `from_process`'s values.
+    """
     state = _state()
     if not state.use_distributed:
         return tensor
@@ -224,7 +289,15 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
-    """Replace the items of `object_list` (in place) with those of `from_process`."""
+    """Replace the items of `object_list`, in place, with those of process `from_process`.
+
+    Args:
+        object_list (list): A list of picklable objects, of the same length on every process.
+        from_process (int): The rank whose items are sent (default 0).
+
+    Returns:
+        list: `object_list`, updated.
+    """
     state = _state()
     if not isinstance(object_list, list):
         raise TypeError(
@@ -290,7 +363,17 @@ def _pad_one(tensor: torch.Tensor, dim: int, pad_index: Any, pad_first: bool) ->
 def pad_across_processes(
     tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
 ) -> Any:
-    """Pad each tensor along `dim` to the largest size any rank has, so they can be gathered."""
+    """Pad each tensor along `dim` to the largest size any process has, so that they can be gathered.
+
+    Args:
+        tensor (torch.Tensor | list | tuple | dict): A tensor or a nested structure of tensors.
+        dim (int): The dimension to pad (default 0).
+        pad_index (int | float): The padding value (default 0).
+        pad_first (bool): Pad at the start instead of the end (default False).
+
+    Returns:
+        The padded data, of the same structure.
+    """
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(
             with_rank(f"pad_across_processes(dim=...) must be an integer, got {dim!r}.")
@@ -310,7 +393,15 @@ def pad_across_processes(
 
 
 def concatenate(data: list[Any], dim: int = 0) -> Any:
-    """Concatenate a list of equally nested structures of tensors along `dim`."""
+    """Concatenate a list of equally nested structures of tensors along `dim`.
+
+    Args:
+        data (list): Structures of the same shape (tensors, or lists/tuples/dicts of them).
+        dim (int): The dimension to concatenate along (default 0).
+
+    Returns:
+        One structure of that shape, each tensor the concatenation of the corresponding ones.
+    """
     if not isinstance(data, (list, tuple)) or not data:
         raise TypeError("concatenate needs a non-empty list of tensors or of nested structures.")
     first = data[0]

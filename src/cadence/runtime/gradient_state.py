@@ -7,26 +7,36 @@ it. Objects that need it (optimizer, scheduler, loaders) receive it at construct
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..options.dataclasses import GradientAccumulationPlugin
 
 
 class GradientState:
-    """Whether gradients sync this step, and where the active dataloader stands (end, remainder).
+    """Whether this micro-step synchronises gradients, and where the active prepared dataloader stands.
 
-    Shared by every instance in the process; the Accelerator updates it, training code reads it.
+    Every instance in a process shares one state. The Accelerator and prepared dataloaders update it;
+    training code, schedulers and metrics read it (`sync_gradients`, `end_of_dataloader`, `remainder`).
 
-    Example::
+    Args:
+        gradient_accumulation_plugin (GradientAccumulationPlugin | None): Accumulation settings to
+            record (number of steps, syncing with the dataloader, syncing each batch); None keeps the
+            ones already recorded (one step by default).
 
-        from cadence.runtime.state import GradientState
-
-        gradient_state = GradientState()
-        if gradient_state.sync_gradients:
-            print("this step updates the weights")
+    Example:
+        >>> from cadence.state import GradientState
+        >>> from cadence.utils import GradientAccumulationPlugin
+        >>> state = GradientState(GradientAccumulationPlugin(num_steps=4))
+        >>> state.num_steps, state.sync_gradients
+        (4, True)
     """
 
     _shared_state: dict[str, Any] = {}
 
-    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+    def __init__(
+        self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
+    ) -> None:
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True

@@ -10,8 +10,13 @@ from .state import PartialState
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
-    """Logs on the main process only by default; `main_process_only=False` logs everywhere and
-    `in_order=True` makes every rank log, one after the other."""
+    """A logger adapter that logs on the main process only, unless told otherwise.
+
+    Each logging call takes two more keyword arguments: `main_process_only=False` logs on every process,
+    and `in_order=True` (with it) makes the processes log one after the other, in rank order. It is
+    built as a `logging.LoggerAdapter` is, from a logger and optional extra context; `get_logger`
+    builds it for you.
+    """
 
     @staticmethod
     def _should_log(main_process_only: bool) -> bool:
@@ -20,13 +25,32 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         return not main_process_only or state.is_main_process
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        """Prefix the message with `[RANK n] ` (every record, as the reference does)."""
+        """Prefix the message with `[RANK n] `, as Accelerate does.
+
+        Args:
+            msg (str): The message.
+            kwargs (dict): The logging call's keywords.
+
+        Returns:
+            tuple[str, dict]: The message and keywords.
+        """
 
         msg, kwargs = super().process(msg, kwargs)
         return f"[RANK {PartialState().process_index}] {msg}", kwargs
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
-        """Log on the main process only, unless `main_process_only=False` (`in_order`: in turn)."""
+        """Log `msg` at `level` on the main process (or everywhere, see the class).
+
+        Args:
+            level (int): The logging level.
+            msg (str): The message.
+            *args: Its %-format arguments.
+            **kwargs: `main_process_only` (default True), `in_order` (default False), and the keywords of
+                `logging.Logger.log`.
+
+        Raises:
+            RuntimeError: No `PartialState` exists yet (create the Accelerator first).
+        """
 
         if not PartialState._shared_state:
             raise RuntimeError(
@@ -49,7 +73,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             self.logger.log(level, msg, *args, **kwargs)
 
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
-        """Log this warning only the first time these exact arguments are seen."""
+        """Log this warning only the first time these exact arguments are seen.
+
+        Args:
+            *args: As for `warning`.
+            **kwargs: As for `warning`.
+        """
         key = (args, tuple(sorted(kwargs.items())))
         seen = self.__dict__.setdefault("_warned", set())
         if key not in seen:
@@ -58,15 +87,23 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
 
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
-    """A logger for `name` logging on the main process (level: `log_level`/ACCELERATE_LOG_LEVEL).
+    """A logger for `name` that logs on the main process only (see `MultiProcessAdapter`).
 
-    Example::
+    Args:
+        name (str): The logger's name, usually `__name__`.
+        log_level (str | None): Its level ("INFO", "DEBUG", ...); None reads `ACCELERATE_LOG_LEVEL`,
+            else leaves the level unset.
 
-        from cadence.runtime.logging import get_logger
+    Returns:
+        MultiProcessAdapter: The logger.
 
-        logger = get_logger(__name__, log_level="INFO")
-        logger.info("printed once")
-        logger.info("printed by every rank", main_process_only=False)
+    Example:
+        >>> from cadence import Accelerator
+        >>> from cadence.logging import get_logger
+        >>> accelerator = Accelerator()
+        >>> logger = get_logger("train", log_level="INFO")
+        >>> logger.info("once per job")
+        >>> logger.info("on every process", main_process_only=False)
     """
     if log_level is None:
         log_level = resolve("log_level", launch={}).value

@@ -44,6 +44,9 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
 
     `garbage_collection=True` runs `gc.collect()` first, so memory held by unreachable objects is
     freed too (slow: use sparingly).
+
+    Args:
+        garbage_collection (bool): Run Python's garbage collector first (default False).
     """
     if garbage_collection:
         gc.collect()
@@ -54,9 +57,21 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
 
 
 def release_memory(*objects: Any) -> list[None]:
-    """Drop this function's references to `objects`, collect garbage and empty the device cache.
+    """Drop the references to `objects`, collect garbage and empty the device cache.
 
-    Returns a list of `None`, one per object, to assign back: `a, b = release_memory(a, b)`.
+    Args:
+        *objects: The objects to release (models, optimizers, tensors).
+
+    Returns:
+        list[None]: One None per object, to assign back so that your names let go too.
+
+    Example:
+        >>> import torch
+        >>> from cadence.utils import release_memory
+        >>> model, optimizer = torch.nn.Linear(2, 2), None
+        >>> model, optimizer = release_memory(model, optimizer)
+        >>> model is None
+        True
     """
     released: list[None] = [None] * len(objects)
     del objects
@@ -65,7 +80,14 @@ def release_memory(*objects: Any) -> list[None]:
 
 
 def should_reduce_batch_size(exception: BaseException) -> bool:
-    """Whether `exception` says the device (CUDA, XPU, MPS, NPU, HPU or CPU) ran out of memory."""
+    """Whether `exception` says that the device ran out of memory (CUDA, XPU, MPS, NPU, HPU or CPU).
+
+    Args:
+        exception (BaseException): The exception.
+
+    Returns:
+        bool: True for an out-of-memory error.
+    """
     out_of_memory = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
     if isinstance(exception, out_of_memory):
         return True
@@ -80,20 +102,39 @@ def find_executable_batch_size(
     starting_batch_size: int = 128,
     reduce_batch_size_fn: Callable[[], int] | None = None,
 ) -> Any:
-    """Decorator: call `function(batch_size, *args, **kwargs)`, retrying with a smaller batch size
-    each time it runs out of memory.
+    """Decorator: call the function with a batch size, and retry with a smaller one each time it runs out of memory.
 
-    `function` takes the batch size as its first parameter; the caller leaves it out. After an
-    out-of-memory error, memory is freed and the batch size becomes `reduce_batch_size_fn()` (by
-    default 90% of the last one, rounded down). Other errors propagate; reaching 0 raises.
+    The decorated function takes the batch size as its first parameter, and the caller leaves it out.
+    After an out-of-memory error (CUDA, XPU, MPS, NPU, HPU or CPU), memory is freed and the function is
+    called again with `reduce_batch_size_fn()` (by default 90% of the last batch size, rounded down).
+    Other errors propagate. Build the model, optimizer and dataloaders inside the function (with
+    `accelerator.free_memory()` first), so that each try starts from scratch.
 
-    Example::
+    Args:
+        function (Callable | None): The function; None returns a decorator (written
+            `@find_executable_batch_size(starting_batch_size=...)`).
+        starting_batch_size (int): The first batch size tried (default 128).
+        reduce_batch_size_fn (Callable[[], int] | None): Returns the next batch size to try; None means
+            90% of the last one.
 
-        @find_executable_batch_size(starting_batch_size=128)
-        def train(batch_size, model, optimizer):
-            ...
+    Returns:
+        Callable: The wrapped function: its arguments are those of `function` without the batch size,
+        and it returns what `function` returns.
 
-        train(model, optimizer)
+    Raises:
+        TypeError: The caller passed the batch size as well.
+        RuntimeError: The batch size reached 0 without a try that fits.
+
+    Example:
+        >>> import torch
+        >>> from cadence import find_executable_batch_size
+        >>> @find_executable_batch_size(starting_batch_size=128)
+        ... def train(batch_size, epochs):
+        ...     if batch_size > 100:  # stands for a batch that does not fit in memory
+        ...         raise torch.OutOfMemoryError("CUDA out of memory.")
+        ...     return batch_size, epochs
+        >>> train(3)  # tried 128, 115, 103, then 92
+        (92, 3)
     """
     if function is None:
         return functools.partial(

@@ -14,15 +14,25 @@ from .state import PartialState
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
-    """Seed python, numpy and torch (and CUDA); `device_specific` adds the process index.
+    """Seed Python's, NumPy's and PyTorch's random generators (and CUDA's) on this process.
 
-    `deterministic=True` also asks torch for deterministic algorithms.
+    Call it before building the model so every process starts from the same weights; seeded dataloaders
+    (`use_seedable_sampler`) read it too.
 
-    Example::
+    Args:
+        seed (int): The seed.
+        device_specific (bool): Add the process index to the seed, so each process draws differently
+            (for data augmentation; default False).
+        deterministic (bool): Also ask PyTorch for deterministic algorithms (slower; default False).
 
-        from cadence.runtime.random import set_seed
-
-        set_seed(42)  # the same initial weights on every process
+    Example:
+        >>> import torch
+        >>> from cadence.utils import set_seed
+        >>> set_seed(42)
+        >>> first = torch.rand(1)
+        >>> set_seed(42)
+        >>> bool(torch.equal(first, torch.rand(1)))
+        True
     """
     if device_specific:
         seed += PartialState().process_index
@@ -41,7 +51,12 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
 def synchronize_rng_state(
     rng_type: RNGType | str | None = None, generator: torch.Generator | None = None
 ) -> None:
-    """Give every rank the main process's state of one random number generator."""
+    """Give every process the main process's state of one random number generator.
+
+    Args:
+        rng_type (RNGType | str | None): "torch", "cuda", "xla" or "generator".
+        generator (torch.Generator | None): The generator, for "generator".
+    """
 
     state = PartialState()
     if not state.use_distributed:
@@ -79,6 +94,13 @@ def synchronize_rng_state(
 def synchronize_rng_states(
     rng_types: list[RNGType | str], generator: torch.Generator | None = None
 ) -> None:
-    """Give every rank the main process's state of each generator named in `rng_types`."""
+    """Give every process the main process's state of each generator named in `rng_types`.
+
+    Prepared dataloaders call it at the start of each epoch (the Accelerator's `rng_types`).
+
+    Args:
+        rng_types (list[RNGType | str]): Any of "torch", "cuda", "xla", "generator".
+        generator (torch.Generator | None): The generator, for "generator".
+    """
     for rng_type in rng_types:
         synchronize_rng_state(RNGType(rng_type), generator=generator)

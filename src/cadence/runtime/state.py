@@ -6,10 +6,10 @@ Each class shares one state dict per process (every instance sees the same attri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -31,19 +31,39 @@ from .gradient_state import GradientState as GradientState
 from .process_group import choose_device, distributed_type_for
 from .topology import Topology, detect_topology
 
+if TYPE_CHECKING:  # for the signatures only: importing the plugins would load their backends
+    from ..options.dataclasses import TorchDynamoPlugin
+    from ..plugins.deepspeed import DeepSpeedPlugin
+    from ..plugins.fsdp import FullyShardedDataParallelPlugin
+    from ..plugins.megatron import MegatronLMPlugin
+    from ..plugins.parallelism import ParallelismConfig, TorchTensorParallelPlugin
+
 
 class PartialState:
-    """The distributed environment of this process, usable without an `Accelerator`.
+    """This process's place in the job: its rank, how many processes there are, and its device.
 
-    World size > 1 starts (or adopts) a torch.distributed process group: gloo on CPU, NCCL with one GPU per
-    local rank on CUDA. World size 1 uses no process group.
+    Usable without an Accelerator (for inference, data preparation, or a script that only needs to know
+    who it is). The first `PartialState()` of a process reads the launch environment (`cadence launch`,
+    `torchrun`, SLURM, MPI) and, with more than one process, starts the torch.distributed process group:
+    gloo on CPU, NCCL with one GPU per local rank on CUDA. An existing process group is adopted. Every
+    later `PartialState()` shares the same state, so it can be created anywhere.
 
-    Example::
+    Args:
+        cpu (bool): Use the CPU even when a GPU is visible (default False; also `ACCELERATE_USE_CPU`
+            or `cadence launch --cpu`).
+        **kwargs: Settings of the process group: `backend` ("gloo", "nccl", ...), `timeout`
+            (seconds or a `timedelta`), `init_method`, and Cadence's `stuck_timeout` (seconds a
+            collective may wait for a missing rank before every rank stops with a report; 0 turns it
+            off). A bad value raises ValueError before anything starts.
 
-        from cadence import PartialState
+    Raises:
+        ValueError: A device name or a setting that cannot be used (the message says which).
 
-        state = PartialState()
-        print(state.process_index, state.num_processes, state.device)
+    Example:
+        >>> from cadence import PartialState
+        >>> state = PartialState()
+        >>> state.process_index, state.num_processes, state.is_main_process
+        (0, 1, True)
     """
 
     _shared_state: dict[str, Any] = {}
@@ -190,7 +210,12 @@ class PartialState:
         raise AttributeError(f"'PartialState' object has no attribute '{name}'")
 
     def destroy_process_group(self, group: Any = None) -> None:
-        """Destroy the process group (only if Cadence created it) and forget this state."""
+        """End the process group, if Cadence started it, and forget it.
+
+        Args:
+            group (torch.distributed.ProcessGroup | None): A group to destroy; None means the default group
+                (destroyed only when Cadence created it; a group you created stays yours).
+        """
         if group is None:
             process_group.destroy_owned_group()
         elif dist.is_initialized():
@@ -203,44 +228,55 @@ class PartialState:
         return self if self.initialized else PartialState()
 
     def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
-        """Block until every process reaches this point; a no-op on one process.
+        """Block until every process reaches this call (a barrier); returns at once on one process.
 
-        Example::
+        Args:
+            timeout (float | datetime.timedelta | None): Give up after this long (seconds or a timedelta)
+                with an error; None waits up to the process group's timeout. A value that is not positive
+                raises ValueError, on one process too.
 
-            if state.is_main_process:
-                write_shared_file()
-            state.wait_for_everyone()  # the other ranks only read it after it is written
+        Example:
+            >>> from cadence import PartialState
+            >>> PartialState().wait_for_everyone()
         """
         execution.barrier(self, timeout)
 
     @contextmanager
-    def main_process_first(self):
-        """The main process runs the block first, the others after it has left the block.
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first; the others run it once the main process has left it.
 
-        Example::
-
-            with state.main_process_first():
-                dataset = load_dataset_cached()  # rank 0 fills the cache, the rest reuse it
+        Example:
+            >>> from cadence import PartialState
+            >>> with PartialState().main_process_first():
+            ...     cache = {"tokens": [1, 2, 3]}  # e.g. rank 0 fills a dataset cache, the rest reuse it
         """
         with execution.go_first(self, local=False):
             yield
 
     @contextmanager
-    def local_main_process_first(self):
-        """Each machine's local main process runs the block first; only that machine's ranks wait."""
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each machine's local main process first; only that machine's other processes wait."""
         with execution.go_first(self, local=True):
             yield
 
     @contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
-        """Give this process its contiguous share of `inputs` (the argument itself is not modified).
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give this process its contiguous share of `inputs` inside the block (`inputs` itself is not changed).
 
-        `apply_padding=True` repeats the last item so every process gets the same number of items.
+        Args:
+            inputs (list | tuple | dict | torch.Tensor): What to split: a list or tuple by items, a tensor
+                along its first dimension, a dict value by value (all values of the same length).
+            apply_padding (bool): Repeat the last item so every process gets the same number of items, as
+                `gather` needs (default False: the first processes get one more item each).
 
-        Example::
+        Yields:
+            This process's share, of the same type as `inputs`.
 
-            with state.split_between_processes(["a", "b", "c"]) as part:
-                print(part)  # ["a", "b"] on process 0, ["c"] on process 1 of 2
+        Example:
+            >>> from cadence import PartialState
+            >>> with PartialState().split_between_processes(["a", "b", "c"]) as part:
+            ...     part  # on 2 processes: ['a', 'b'] on rank 0, ['c'] on rank 1
+            ['a', 'b', 'c']
         """
         yield execution.split_for_process(
             inputs, self.num_processes, self.process_index, apply_padding
@@ -253,62 +289,87 @@ class PartialState:
 
         return execution.run_only_if(function, predicate, required_index=required_index)
 
-    def on_main_process(self, function=None):
-        """Decorate `function` to run only on the main process (elsewhere it returns None).
+    def on_main_process(self, function: Callable | None = None) -> Callable:
+        """Decorator: run the decorated function only on the main process (rank 0); elsewhere calling it does nothing and returns None.
 
-        Example::
+        Args:
+            function (Callable | None): The function to decorate.
 
-            @state.on_main_process
-            def report(message):
-                print(message)  # printed once, by rank 0
+        Returns:
+            Callable: The decorated function.
+
+        Example:
+            >>> from cadence import PartialState
+            >>> @PartialState().on_main_process
+            ... def report(message):
+            ...     print(message)
+            >>> report("once per job")
+            once per job
         """
         return self._only_where(function, lambda state: state.is_main_process)
 
-    def on_local_main_process(self, function=None):
-        """Decorate `function` to run only on each machine's local main process.
+    def on_local_main_process(self, function: Callable | None = None) -> Callable:
+        """Decorator: run the decorated function only on each machine's local main process; elsewhere calling it does nothing and returns None.
 
-        Example::
+        Args:
+            function (Callable | None): The function to decorate.
 
-            @state.on_local_main_process
-            def fetch_files():
-                download_to_local_disk()  # once per machine
+        Returns:
+            Callable: The decorated function.
         """
         return self._only_where(function, lambda state: state.is_local_main_process)
 
-    def on_last_process(self, function=None):
-        """Decorate `function` to run only on the last process.
+    def on_last_process(self, function: Callable | None = None) -> Callable:
+        """Decorator: run the decorated function only on the last process; elsewhere calling it does nothing and returns None.
 
-        Example::
+        Args:
+            function (Callable | None): The function to decorate.
 
-            @state.on_last_process
-            def report():
-                print("hello from the last rank")
+        Returns:
+            Callable: The decorated function.
         """
         return self._only_where(function, lambda state: state.is_last_process)
 
-    def on_process(self, function=None, process_index: int | None = None):
-        """Decorate `function` to run only on process `process_index`.
+    def on_process(
+        self, function: Callable | None = None, process_index: int | None = None
+    ) -> Callable:
+        """Decorator: run the decorated function only on the process of rank `process_index`.
 
-        Example::
+        Args:
+            function (Callable | None): The function to decorate; None returns a decorator (write
+                `@state.on_process(process_index=1)`).
+            process_index (int | None): The global rank that runs it.
 
-            @state.on_process(process_index=1)
-            def report():
-                print("only rank 1 prints this")
+        Returns:
+            Callable: The decorated function, or a decorator when `function` is None.
         """
         return self._only_where(
             function, lambda state: state.process_index == process_index, process_index
         )
 
     def on_local_process(
-        self, function=None, local_process_index: int | None = None, **kwargs: Any
-    ):
-        """Decorate `function` to run only on local process `local_process_index` of each machine.
+        self,
+        function: Callable | None = None,
+        local_process_index: int | None = None,
+        **kwargs: Any,
+    ) -> Callable:
+        """Decorator: run the decorated function only on local rank `local_process_index` of each machine.
 
-        Example::
+        Args:
+            function (Callable | None): The function to decorate; None returns a decorator.
+            local_process_index (int | None): The local rank that runs it.
+            **kwargs: `local_process_idx=`, Accelerate's other spelling of `local_process_index`.
 
-            @state.on_local_process(local_process_index=0)
-            def report():
-                print("local rank 0 of every machine prints this")
+        Returns:
+            Callable: The decorated function, or a decorator when `function` is None.
+
+        Example:
+            >>> from cadence import PartialState
+            >>> @PartialState().on_local_process(local_process_index=0)
+            ... def report():
+            ...     print("local rank 0 of every machine")
+            >>> report()
+            local rank 0 of every machine
         """
         local_process_index = execution.take_local_index_alias(local_process_index, kwargs)
         return self._only_where(
@@ -318,16 +379,27 @@ class PartialState:
         )
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print`, once per machine (on each local main process)."""
+        """`print` once per machine (on each local main process).
+
+        Args:
+            *args: What to print.
+            **kwargs: `print`'s keyword arguments (`sep`, `end`, `file`, `flush`).
+        """
         if self.is_local_main_process:
             print(*args, **kwargs)
 
     def set_trigger(self) -> None:
-        """Raise this process's flag; the next `check_trigger` on every process sees it."""
+        """Raise this process's flag; the next `check_trigger()` returns True on every process."""
         execution.set_trigger(self)
 
     def check_trigger(self) -> bool:
-        """True on every process if any process called `set_trigger` (then the flag resets)."""
+        """Whether any process called `set_trigger()` since the last check; the flag is then cleared.
+
+        Every process must call it at the same point (it is a collective).
+
+        Returns:
+            bool: The same answer on every process.
+        """
         return execution.check_trigger(self)
 
     @property
@@ -337,7 +409,32 @@ class PartialState:
 
 
 class AcceleratorState:
-    """PartialState plus the training settings of the `Accelerator` (precision, plugins)."""
+    """The `PartialState` plus the training settings of the Accelerator: precision, sharding plugins, mesh.
+
+    The Accelerator creates it; read it as `accelerator.state`. Like `PartialState`, every instance in a
+    process shares one state: a second Accelerator of the process reuses it, and asking it for another
+    mixed precision raises ValueError (call `cadence.state.reset_state()` between trainings).
+
+    Args:
+        mixed_precision (str | None): "no", "fp16", "bf16" or "fp8"; None takes the launcher's setting.
+        cpu (bool): Use the CPU even when a GPU is visible (default False).
+        dynamo_plugin (TorchDynamoPlugin | None): `torch.compile` settings.
+        deepspeed_plugin (DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None): DeepSpeed settings.
+        fsdp_plugin (FullyShardedDataParallelPlugin | None): FSDP settings.
+        torch_tp_plugin (TorchTensorParallelPlugin | None): Deprecated tensor-parallel settings.
+        megatron_lm_plugin (MegatronLMPlugin | None): Megatron-LM settings (not supported by Cadence).
+        parallelism_config (ParallelismConfig | None): The sizes of the parallel dimensions.
+        **kwargs: Process-group settings, as for `PartialState`.
+
+    Raises:
+        ValueError: A precision other than the one the state was created with.
+
+    Example:
+        >>> from cadence import Accelerator
+        >>> accelerator = Accelerator()
+        >>> accelerator.state.mixed_precision, accelerator.state.distributed_type
+        ('no', <DistributedType.NO: 'NO'>)
+    """
 
     _shared_state: dict[str, Any] = {}
 
@@ -345,12 +442,12 @@ class AcceleratorState:
         self,
         mixed_precision: str | PrecisionChoice | None = None,
         cpu: bool = False,
-        dynamo_plugin: Any = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
-        parallelism_config: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | dict[str, DeepSpeedPlugin] | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        torch_tp_plugin: TorchTensorParallelPlugin | None = None,
+        megatron_lm_plugin: MegatronLMPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
         _from_accelerator: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -428,20 +525,42 @@ class AcceleratorState:
     # -- execution control: the process's PartialState, which outlives `AcceleratorState._reset_state()`
     # (as in the reference, a script may reset this state and still end with `state.destroy_process_group()`).
     def destroy_process_group(self, group: Any = None) -> None:
-        """Destroy the process group (see `PartialState.destroy_process_group`)."""
+        """End the process group, if Cadence started it (see `PartialState.destroy_process_group`).
+
+        Args:
+            group (torch.distributed.ProcessGroup | None): A group to destroy; None means the default group.
+        """
         PartialState().destroy_process_group(group)
 
     def wait_for_everyone(self, timeout: float | timedelta | None = None) -> None:
-        """Block until every process reaches this point (see `PartialState.wait_for_everyone`)."""
+        """Block until every process reaches this call (see `PartialState.wait_for_everyone`).
+
+        Args:
+            timeout (float | datetime.timedelta | None): Give up after this long; None waits up to the
+                process group's timeout.
+        """
         PartialState().wait_for_everyone(timeout)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """Print once per machine (see `PartialState.print`)."""
+        """`print` once per machine (see `PartialState.print`).
+
+        Args:
+            *args: What to print.
+            **kwargs: `print`'s keyword arguments.
+        """
         PartialState().print(*args, **kwargs)
 
     @contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """This process's share of `inputs` (see `PartialState.split_between_processes`)."""
+        """This process's share of `inputs` inside the block (see `PartialState.split_between_processes`).
+
+        Args:
+            inputs (list | tuple | dict | torch.Tensor): What to split.
+            apply_padding (bool): Repeat the last item so every process gets as many (default False).
+
+        Yields:
+            This process's share.
+        """
         with PartialState().split_between_processes(inputs, apply_padding=apply_padding) as share:
             yield share
 
@@ -489,13 +608,35 @@ class AcceleratorState:
             return plugins
         return next(plugin for plugin in plugins.values() if plugin.selected)
 
-    def get_deepspeed_plugin(self, name: str) -> Any:
-        """Return the DeepSpeedPlugin registered under `name` (several plugins given by name)."""
+    def get_deepspeed_plugin(self, name: str) -> DeepSpeedPlugin:
+        """The DeepSpeedPlugin given under `name` in `deepspeed_plugins={name: plugin, ...}`.
+
+        Args:
+            name (str): The plugin's name.
+
+        Returns:
+            DeepSpeedPlugin: The plugin.
+
+        Raises:
+            ValueError: DeepSpeed is not in use, or only one unnamed plugin was given.
+            KeyError: No plugin has that name.
+        """
         self._require_named_deepspeed_plugins()
         return self.deepspeed_plugins[name]
 
     def select_deepspeed_plugin(self, name: str | None = None) -> None:
-        """Make the DeepSpeedPlugin called `name` the active one (for the next prepare())."""
+        """Make the DeepSpeedPlugin called `name` the active one: the next `prepare()` uses its configuration.
+
+        For a script that trains and evaluates models with different DeepSpeed settings (a policy and a
+        frozen reference model, for instance).
+
+        Args:
+            name (str | None): The plugin's name, as given in `deepspeed_plugins`.
+
+        Raises:
+            ValueError: DeepSpeed is not in use, or only one unnamed plugin was given.
+            KeyError: No plugin has that name (the message lists the names).
+        """
         self._require_named_deepspeed_plugins()
         if name not in self.deepspeed_plugins:
             raise KeyError(

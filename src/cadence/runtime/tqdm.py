@@ -11,7 +11,16 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     """`tqdm.auto.tqdm(*args, **kwargs)`, disabled on every process but the local main one.
 
     Args:
+        *args: Passed to tqdm: the iterable first, by position.
         main_process_only: `False` shows the bar on every process.
+        **kwargs: Passed to tqdm (total, desc, disable ...).
+
+    Returns:
+        The progress bar.
+
+    Raises:
+        ValueError: A bool as the first argument (the old place of `main_process_only`).
+        ImportError: tqdm is not installed.
     """
     if args and isinstance(args[0], bool):
         raise ValueError(

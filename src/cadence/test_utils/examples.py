@@ -12,6 +12,13 @@ def get_function_contents_by_name(lines: list[str], name: str) -> list[str] | No
 
     Raises:
         ValueError: `name` is neither "training_function" nor "main".
+
+    Args:
+        lines (list[str]): Lines of an example script.
+        name (str): "training_function" or "main".
+
+    Returns:
+        list[str] | None: The function's lines, or None when it is not there.
     """
     if name not in ("training_function", "main"):
         raise ValueError(
@@ -38,6 +45,12 @@ def clean_lines(lines: list[str]) -> list[str]:
     Example:
         >>> clean_lines(["x = 1\\n", "# note\\n", "\\n"])
         ['x = 1\\n']
+
+    Args:
+        lines (list[str]): Lines of a source file, newlines included.
+
+    Returns:
+        list[str]: The lines kept, in order.
     """
     return [line for line in lines if not line.lstrip().startswith("#") and line != "\n"]
 
@@ -56,7 +69,18 @@ def compare_against_test(
     """The lines new in `feature_filename` (relative to `examples/nlp_example.py`, and to
     `secondary_filename` when given) that are missing from `base_filename`; empty when the
     complete example holds every feature. Compares the `main` functions when `parser_only`, the
-    `training_function`s otherwise."""
+    `training_function`s otherwise.
+
+    Args:
+        base_filename (str): The complete example every feature should be in.
+        feature_filename (str): The example of one feature.
+        parser_only (bool): Compare the `main` functions (the argument parsers) instead of the
+            `training_function`s.
+        secondary_filename (str | None): Another example whose lines do not count as new either.
+
+    Returns:
+        list[str]: The missing lines.
+    """
     function = "main" if parser_only else "training_function"
 
     def body(path: str | os.PathLike) -> list[str]:

@@ -83,7 +83,19 @@ def execute_subprocess_async(
             runs longer than `timeout` seconds (it is killed).
 
     Example:
-        >>> execute_subprocess_async(get_launch_command(num_processes=2, cpu=True) + ["train.py"])
+        >>> execute_subprocess_async(get_launch_command(num_processes=2, cpu=True) + ["train.py"])  # doctest: +SKIP
+
+    Args:
+        cmd (list[Any]): The command and its arguments (each turned into text).
+        env (dict[str, str] | None): The command's environment; None passes this process's.
+        stdin (Any): The command's standard input, as `asyncio.create_subprocess_exec` takes it (a file
+            object, `subprocess.PIPE`, or None to inherit this one's).
+        timeout (float): Seconds before the command is killed (default 180).
+        quiet (bool): Do not echo the output lines as they come (default False).
+        echo (bool): Print the command before running it (default True).
+
+    Returns:
+        The result, with `returncode`, `stdout` and `stderr` (lists of lines).
     """
     cmd = [str(part) for part in cmd]
     result = asyncio.run(_run(cmd, env, stdin, timeout, quiet, echo))
@@ -117,6 +129,11 @@ def run_command(
 
     Raises:
         SubprocessCallException: the command failed (with its output).
+
+    Args:
+        command (list[Any]): The command and its arguments (each turned into text).
+        return_stdout (bool): Return the output, decoded (default False: return None).
+        env (dict[str, str] | None): The command's environment; None passes a copy of this process's.
     """
     command = [str(part) for part in command]
     try:
@@ -136,6 +153,12 @@ def path_in_accelerate_package(*components: str) -> Path:
     Example:
         >>> path_in_accelerate_package("test_utils", "scripts", "test_script.py").is_file()
         True
+
+    Args:
+        *components (str): The path's parts below the package folder.
+
+    Returns:
+        Path: The path (whether or not it exists).
     """
     return PACKAGE_DIR.joinpath(*components)
 
@@ -153,6 +176,13 @@ def assert_exception(
     Example:
         >>> with assert_exception(ValueError, "bad"):
         ...     raise ValueError("bad input")
+
+    Args:
+        exception_class (type[BaseException]): The exception the block must raise.
+        msg (str | None): Text its message must contain; None checks the type only.
+
+    Raises:
+        AssertionError: The block raised nothing, another exception, or one without `msg`.
     """
     try:
         yield
@@ -174,6 +204,14 @@ def capture_call_output(func: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     Example:
         >>> capture_call_output(print, "hi")
         'hi\\n'
+
+    Args:
+        func (Callable[..., Any]): The function to call.
+        *args: Its positional arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        str: Everything it printed.
     """
     captured = io.StringIO()
     original, sys.stdout = sys.stdout, captured

@@ -108,6 +108,12 @@ def get_launch_command(**kwargs: Any) -> list[str]:
     Example:
         >>> get_launch_command(num_processes=2, cpu=True)
         ['cadence', 'launch', '--num_processes=2', '--cpu']
+
+    Args:
+        **kwargs: `cadence launch` options by name (num_processes=2, cpu=True, mixed_precision="fp16").
+
+    Returns:
+        list[str]: The command, without the script to run.
     """
     command = ["cadence", "launch"]
     for key, value in kwargs.items():
@@ -127,6 +133,13 @@ def parse_flag_from_env(key: str, default: bool = False) -> Any:
 
     Raises:
         ValueError: the variable is set to something other than a yes/no word.
+
+    Args:
+        key (str): The variable's name.
+        default (bool): The value when it is unset (default False).
+
+    Returns:
+        1 or 0 when set, else `default`.
     """
     if key not in os.environ:
         return default
@@ -140,12 +153,26 @@ _run_slow_tests = parse_flag_from_env("RUN_SLOW", default=False)
 
 
 def skip(test_case: T) -> T:
-    """Skip the decorated test unconditionally."""
+    """Skip the decorated test unconditionally.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skip("Test was skipped")(test_case)
 
 
 def slow(test_case: T) -> T:
-    """Skip the decorated (slow) test unless RUN_SLOW is set to a true word."""
+    """Skip the decorated (slow) test unless RUN_SLOW is set to a true word.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(_run_slow_tests, "test is slow")(test_case)
 
 
@@ -172,7 +199,15 @@ _at_least_one_tracker = (
 
 def require_torch_min_version(test_case: Any = None, version: str | None = None) -> Any:
     """Skip the decorated test unless torch is at least `version`; usable as
-    `@require_torch_min_version(version="2.4")`."""
+    `@require_torch_min_version(version="2.4")`.
+
+    Args:
+        test_case (Any): The test function or TestCase class; None returns a decorator.
+        version (str | None): The oldest torch version that runs the test, e.g. "2.4".
+
+    Returns:
+        The test, skipped on older torch (or the decorator, without `test_case`).
+    """
     if test_case is None:
         return lambda case: require_torch_min_version(case, version=version)
     return unittest.skipUnless(
@@ -181,24 +216,52 @@ def require_torch_min_version(test_case: Any = None, version: str | None = None)
 
 
 def require_cpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has only a CPU."""
+    """Skip the decorated test unless this machine has only a CPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(torch_device == "cpu", "test requires only a CPU")(test_case)
 
 
 def require_non_cpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a GPU."""
+    """Skip the decorated test unless this machine has a GPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(torch_device != "cpu", "test requires a GPU")(test_case)
 
 
 def require_cuda(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a GPU."""
+    """Skip the decorated test unless this machine has a GPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_cuda_available() and not is_torch_xla_available(), "test requires a GPU"
     )(test_case)
 
 
 def require_cuda_or_hpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a GPU or HPU."""
+    """Skip the decorated test unless this machine has a GPU or HPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         (is_cuda_available() and not is_torch_xla_available()) or is_hpu_available(),
         "test requires a GPU or HPU",
@@ -206,12 +269,26 @@ def require_cuda_or_hpu(test_case: T) -> T:
 
 
 def require_xpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a XPU."""
+    """Skip the decorated test unless this machine has a XPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_xpu_available(), "test requires a XPU")(test_case)
 
 
 def require_cuda_or_xpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a CUDA GPU or XPU."""
+    """Skip the decorated test unless this machine has a CUDA GPU or XPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         (is_cuda_available() and not is_torch_xla_available()) or is_xpu_available(),
         "test requires a CUDA GPU or XPU",
@@ -219,71 +296,162 @@ def require_cuda_or_xpu(test_case: T) -> T:
 
 
 def require_non_xpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a non-XPU."""
+    """Skip the decorated test unless this machine has a non-XPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(torch_device != "xpu", "test requires a non-XPU")(test_case)
 
 
 def require_non_hpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a non-HPU."""
+    """Skip the decorated test unless this machine has a non-HPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(torch_device != "hpu", "test requires a non-HPU")(test_case)
 
 
 def require_fp16(test_case: T) -> T:
-    """Skip the decorated test unless this machine has FP16 support."""
+    """Skip the decorated test unless this machine has FP16 support.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_fp16_available(), "test requires FP16 support")(test_case)
 
 
 def require_fp8(test_case: T) -> T:
-    """Skip the decorated test unless this machine has FP8 support."""
+    """Skip the decorated test unless this machine has FP8 support.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(_fp8_usable(), "test requires FP8 support")(test_case)
 
 
 def require_fsdp2(test_case: T) -> T:
-    """Skip the decorated test unless this machine has FSDP2 (torch >= 2.5.0)."""
+    """Skip the decorated test unless this machine has FSDP2 (torch >= 2.5.0).
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_torch_version(">=", "2.5.0"), "test requires FSDP2 (torch >= 2.5.0)"
     )(test_case)
 
 
 def require_peft(test_case: T) -> T:
-    """Skip the decorated test unless this machine has PEFT."""
+    """Skip the decorated test unless this machine has PEFT.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_peft_available(), "test requires PEFT")(test_case)
 
 
 def require_mlu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a MLU."""
+    """Skip the decorated test unless this machine has a MLU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_mlu_available(), "test require a MLU")(test_case)
 
 
 def require_sdaa(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a SDAA."""
+    """Skip the decorated test unless this machine has a SDAA.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_sdaa_available(), "test require a SDAA")(test_case)
 
 
 def require_musa(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a MUSA."""
+    """Skip the decorated test unless this machine has a MUSA.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_musa_available(), "test require a MUSA")(test_case)
 
 
 def require_npu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a NPU."""
+    """Skip the decorated test unless this machine has a NPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_npu_available(), "test require a NPU")(test_case)
 
 
 def require_neuron(test_case: T) -> T:
-    """Skip the decorated test unless this machine has Neuron Cores."""
+    """Skip the decorated test unless this machine has Neuron Cores.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_neuron_available(), "test require Neuron Cores")(test_case)
 
 
 def require_mps(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a `mps` backend support in `torch`."""
+    """Skip the decorated test unless this machine has a `mps` backend support in `torch`.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_mps_available(), "test requires a `mps` backend support in `torch`"
     )(test_case)
 
 
 def require_huggingface_suite(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the Hugging Face suite."""
+    """Skip the decorated test unless this machine has the Hugging Face suite.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_transformers_available() and is_datasets_available(),
         "test requires the Hugging Face suite",
@@ -291,108 +459,220 @@ def require_huggingface_suite(test_case: T) -> T:
 
 
 def require_datasets(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the datasets library."""
+    """Skip the decorated test unless this machine has the datasets library.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_datasets_available(), "test requires the datasets library")(
         test_case
     )
 
 
 def require_transformers(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the transformers library."""
+    """Skip the decorated test unless this machine has the transformers library.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_transformers_available(), "test requires the transformers library"
     )(test_case)
 
 
 def require_timm(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the timm library."""
+    """Skip the decorated test unless this machine has the timm library.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_timm_available(), "test requires the timm library")(test_case)
 
 
 def require_torchvision(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the torchvision library."""
+    """Skip the decorated test unless this machine has the torchvision library.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_torchvision_available(), "test requires the torchvision library")(
         test_case
     )
 
 
 def require_triton(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the triton library."""
+    """Skip the decorated test unless this machine has the triton library.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_triton_available(), "test requires the triton library")(test_case)
 
 
 def require_schedulefree(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the schedulefree library."""
+    """Skip the decorated test unless this machine has the schedulefree library.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_schedulefree_available(), "test requires the schedulefree library"
     )(test_case)
 
 
 def require_bnb(test_case: T) -> T:
-    """Skip the decorated test unless this machine has the bitsandbytes library."""
+    """Skip the decorated test unless this machine has the bitsandbytes library.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_bnb_available(), "test requires the bitsandbytes library")(
         test_case
     )
 
 
 def require_tpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has TPU."""
+    """Skip the decorated test unless this machine has TPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_torch_xla_available(check_is_tpu=True), "test requires TPU")(
         test_case
     )
 
 
 def require_non_torch_xla(test_case: T) -> T:
-    """Skip the decorated test unless this machine has an env without TorchXLA."""
+    """Skip the decorated test unless this machine has an env without TorchXLA.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         not is_torch_xla_available(), "test requires an env without TorchXLA"
     )(test_case)
 
 
 def require_single_device(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a single device accelerator."""
+    """Skip the decorated test unless this machine has a single device accelerator.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         torch_device != "cpu" and device_count == 1, "test requires a single device accelerator"
     )(test_case)
 
 
 def require_single_gpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a GPU."""
+    """Skip the decorated test unless this machine has a GPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_cuda_available() and torch.cuda.device_count() == 1, "test requires a GPU"
     )(test_case)
 
 
 def require_single_xpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has a XPU."""
+    """Skip the decorated test unless this machine has a XPU.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_xpu_available() and torch.xpu.device_count() == 1, "test requires a XPU"
     )(test_case)
 
 
 def require_multi_device(test_case: T) -> T:
-    """Skip the decorated test unless this machine has multiple hardware accelerators."""
+    """Skip the decorated test unless this machine has multiple hardware accelerators.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(device_count > 1, "test requires multiple hardware accelerators")(
         test_case
     )
 
 
 def require_multi_gpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has multiple GPUs."""
+    """Skip the decorated test unless this machine has multiple GPUs.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_cuda_available() and torch.cuda.device_count() > 1, "test requires multiple GPUs"
     )(test_case)
 
 
 def require_multi_xpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has multiple XPUs."""
+    """Skip the decorated test unless this machine has multiple XPUs.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_xpu_available() and torch.xpu.device_count() > 1, "test requires multiple XPUs"
     )(test_case)
 
 
 def require_multi_gpu_or_xpu(test_case: T) -> T:
-    """Skip the decorated test unless this machine has multiple GPUs or XPUs."""
+    """Skip the decorated test unless this machine has multiple GPUs or XPUs.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         (is_cuda_available() or is_xpu_available()) and device_count > 1,
         "test requires multiple GPUs or XPUs",
@@ -400,12 +680,26 @@ def require_multi_gpu_or_xpu(test_case: T) -> T:
 
 
 def require_deepspeed(test_case: T) -> T:
-    """Skip the decorated test unless this machine has DeepSpeed."""
+    """Skip the decorated test unless this machine has DeepSpeed.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_deepspeed_available(), "test requires DeepSpeed")(test_case)
 
 
 def require_tp(test_case: T) -> T:
-    """Skip the decorated test unless this machine has torch version >= 2.3.0 and transformers."""
+    """Skip the decorated test unless this machine has torch version >= 2.3.0 and transformers.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_torch_version(">=", "2.3.0") and is_transformers_available(),
         "test requires torch version >= 2.3.0 and transformers",
@@ -413,74 +707,172 @@ def require_tp(test_case: T) -> T:
 
 
 def require_tensorboard(test_case: T) -> T:
-    """Skip the decorated test unless this machine has Tensorboard."""
+    """Skip the decorated test unless this machine has Tensorboard.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_tensorboard_available(), "test requires Tensorboard")(test_case)
 
 
 def require_wandb(test_case: T) -> T:
-    """Skip the decorated test unless this machine has wandb."""
+    """Skip the decorated test unless this machine has wandb.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_wandb_available(), "test requires wandb")(test_case)
 
 
 def require_trackio(test_case: T) -> T:
-    """Skip the decorated test unless this machine has trackio."""
+    """Skip the decorated test unless this machine has trackio.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_trackio_available(), "test requires trackio")(test_case)
 
 
 def require_comet_ml(test_case: T) -> T:
-    """Skip the decorated test unless this machine has comet_ml."""
+    """Skip the decorated test unless this machine has comet_ml.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_comet_ml_available(), "test requires comet_ml")(test_case)
 
 
 def require_aim(test_case: T) -> T:
-    """Skip the decorated test unless this machine has aim."""
+    """Skip the decorated test unless this machine has aim.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_aim_available(), "test requires aim")(test_case)
 
 
 def require_clearml(test_case: T) -> T:
-    """Skip the decorated test unless this machine has clearml."""
+    """Skip the decorated test unless this machine has clearml.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_clearml_available(), "test requires clearml")(test_case)
 
 
 def require_dvclive(test_case: T) -> T:
-    """Skip the decorated test unless this machine has dvclive."""
+    """Skip the decorated test unless this machine has dvclive.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_dvclive_available(), "test requires dvclive")(test_case)
 
 
 def require_swanlab(test_case: T) -> T:
-    """Skip the decorated test unless this machine has swanlab."""
+    """Skip the decorated test unless this machine has swanlab.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_swanlab_available(), "test requires swanlab")(test_case)
 
 
 def require_pandas(test_case: T) -> T:
-    """Skip the decorated test unless this machine has pandas."""
+    """Skip the decorated test unless this machine has pandas.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_pandas_available(), "test requires pandas")(test_case)
 
 
 def require_mlflow(test_case: T) -> T:
-    """Skip the decorated test unless this machine has mlflow."""
+    """Skip the decorated test unless this machine has mlflow.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_mlflow_available(), "test requires mlflow")(test_case)
 
 
 def require_pippy(test_case: T) -> T:
-    """Skip the decorated test unless this machine has pippy."""
+    """Skip the decorated test unless this machine has pippy.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_pippy_available(), "test requires pippy")(test_case)
 
 
 def require_import_timer(test_case: T) -> T:
-    """Skip the decorated test unless this machine has import_timer."""
+    """Skip the decorated test unless this machine has import_timer.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_import_timer_available(), "test requires import_timer")(test_case)
 
 
 def require_transformer_engine(test_case: T) -> T:
-    """Skip the decorated test unless this machine has transformers engine."""
+    """Skip the decorated test unless this machine has transformers engine.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_transformer_engine_available(), "test requires transformers engine"
     )(test_case)
 
 
 def require_transformer_engine_mxfp8(test_case: T) -> T:
-    """Skip the decorated test unless this machine has transformers engine MXFP8 block scaling."""
+    """Skip the decorated test unless this machine has transformers engine MXFP8 block scaling.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_transformer_engine_mxfp8_available(),
         "test requires transformers engine MXFP8 block scaling",
@@ -488,17 +880,38 @@ def require_transformer_engine_mxfp8(test_case: T) -> T:
 
 
 def require_torchao(test_case: T) -> T:
-    """Skip the decorated test unless this machine has torchao."""
+    """Skip the decorated test unless this machine has torchao.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_torchao_available(), "test requires torchao")(test_case)
 
 
 def require_matplotlib(test_case: T) -> T:
-    """Skip the decorated test unless this machine has matplotlib."""
+    """Skip the decorated test unless this machine has matplotlib.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(is_matplotlib_available(), "test requires matplotlib")(test_case)
 
 
 def require_trackers(test_case: T) -> T:
-    """Skip the decorated test unless this machine has at least one tracker to be available and for `comet_ml` to not be installed."""
+    """Skip the decorated test unless this machine has at least one tracker to be available and for `comet_ml` to not be installed.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         _at_least_one_tracker,
         "test requires at least one tracker to be available and for `comet_ml` to not be installed",
@@ -506,14 +919,28 @@ def require_trackers(test_case: T) -> T:
 
 
 def require_torchdata_stateful_dataloader(test_case: T) -> T:
-    """Skip the decorated test unless this machine has torchdata.stateful_dataloader."""
+    """Skip the decorated test unless this machine has torchdata.stateful_dataloader.
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The test, skipped where the condition does not hold.
+    """
     return unittest.skipUnless(
         is_torchdata_stateful_dataloader_available(), "test requires torchdata.stateful_dataloader"
     )(test_case)
 
 
 def run_first(test_case: T) -> T:
-    """Mark the test to run first when pytest-order is installed (`pytest.mark.order(1)`)."""
+    """Mark the test to run first when pytest-order is installed (`pytest.mark.order(1)`).
+
+    Args:
+        test_case (T): The test function or TestCase class.
+
+    Returns:
+        T: The marked test (unchanged without pytest).
+    """
     if is_pytest_available():
         import pytest  # optional dependency
 
@@ -569,7 +996,11 @@ class MockingTestCase(unittest.TestCase):
     after each test: call `self.add_mocks(mock.patch.dict(os.environ, {...}))`."""
 
     def add_mocks(self, mocks: Any) -> None:
-        """Start `mocks` (one patcher or a list) now and stop them when the test ends."""
+        """Start `mocks` (one patcher or a list) now and stop them when the test ends.
+
+        Args:
+            mocks (Any): A `unittest.mock.patch` patcher, or a list or tuple of them.
+        """
         self.mocks = list(mocks) if isinstance(mocks, (tuple, list)) else [mocks]
         for patcher in self.mocks:
             patcher.start()
@@ -577,7 +1008,14 @@ class MockingTestCase(unittest.TestCase):
 
 
 def are_the_same_tensors(tensor: torch.Tensor) -> bool:
-    """Whether every process holds the same `tensor` (gathers it; collective)."""
+    """Whether every process holds the same `tensor` (gathers it; collective).
+
+    Args:
+        tensor (torch.Tensor): This process's tensor (same shape on every process).
+
+    Returns:
+        bool: True when every process's copy equals this one.
+    """
 
     local = tensor[None].clone().to(AcceleratorState().device)
     everyone = gather(local).cpu()

@@ -15,6 +15,12 @@ class RegressionDataset:
     Example:
         >>> RegressionDataset(length=4, seed=0)[0].keys()
         dict_keys(['x', 'y'])
+
+    Args:
+        a (float): The slope (default 2).
+        b (float): The intercept (default 3).
+        length (int): The number of samples (default 64).
+        seed (int | None): The seed of numpy's generator; None draws different data each time.
     """
 
     def __init__(
@@ -39,6 +45,11 @@ class RegressionModel(torch.nn.Module):
     Example:
         >>> RegressionModel(a=1, b=2)(torch.tensor([1.0]))  # doctest: +SKIP
         tensor([3.], grad_fn=<AddBackward0>)
+
+    Args:
+        a (float): The initial slope (default 0).
+        b (float): The initial intercept (default 0).
+        double_output (bool): Accepted for Accelerate's signature; the output is always single.
     """
 
     def __init__(self, a: float = 0, b: float = 0, double_output: bool = False) -> None:
@@ -48,7 +59,14 @@ class RegressionModel(torch.nn.Module):
         self.first_batch = True
 
     def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
-        """Return `x * a + b`, printing the dtypes on the first batch."""
+        """Return `x * a + b`, printing the dtypes on the first batch.
+
+        Args:
+            x (torch.Tensor | None): The inputs.
+
+        Returns:
+            torch.Tensor: `x * a + b`.
+        """
         if self.first_batch:
             print(f"Model dtype: {self.a.dtype}, {self.b.dtype}. Input dtype: {x.dtype}")
             self.first_batch = False
@@ -62,12 +80,28 @@ _NEEDS_MRPC = (
 
 
 def mocked_dataloaders(accelerator: object, batch_size: int = 16) -> Any:
-    """MRPC train/eval dataloaders of the reference's test suite (not available in Cadence)."""
+    """MRPC train/eval dataloaders of Accelerate's test suite (not available in Cadence).
+
+    Args:
+        accelerator (object): The Accelerator.
+        batch_size (int): The batch size (default 16).
+
+    Raises:
+        NotImplementedError: Always: the MRPC data and tokenizer are not shipped with Cadence.
+    """
     raise NotImplementedError(_NEEDS_MRPC.format(name="mocked_dataloaders"))
 
 
 def mocked_dataloaders_for_autoregressive_models(accelerator: object, batch_size: int = 16) -> Any:
-    """Autoregressive-model dataloaders of the reference's test suite (not available in Cadence)."""
+    """Autoregressive-model dataloaders of Accelerate's test suite (not available in Cadence).
+
+    Args:
+        accelerator (object): The Accelerator.
+        batch_size (int): The batch size (default 16).
+
+    Raises:
+        NotImplementedError: Always: the data and tokenizer are not shipped with Cadence.
+    """
     raise NotImplementedError(
         _NEEDS_MRPC.format(name="mocked_dataloaders_for_autoregressive_models")
     )

@@ -11,7 +11,14 @@ from .values import plain_values, storable_config
 
 class AimTracker(GeneralTracker):
     """Logs to an `aim.Run` named `run_name` in the repository at `logging_dir`; `**kwargs` go to
-    `aim.Run`."""
+    `aim.Run`.
+
+    Args:
+        run_name (str): The name given to the run.
+        logging_dir (str | os.PathLike | None): The Aim repository's folder (default "."; None lets Aim
+            pick).
+        **kwargs: Passed to `aim.Run` (experiment, system_tracking_interval ...).
+    """
 
     name = "aim"
     requires_logging_directory = True
@@ -40,12 +47,23 @@ class AimTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        """Stored under the run's `hparams` key."""
+        """Stored under the run's `hparams` key.
+
+        Args:
+            values (dict): The run's hyperparameters (nested dicts and lists allowed); tensors become
+                numbers, enums their value, paths text, other objects their text with a warning.
+        """
         self.writer["hparams"] = storable_config(values, "Aim")
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Each value is tracked as its own sequence; `**kwargs` go to `Run.track` (e.g. `context`)."""
+        """Each value is tracked as its own sequence; `**kwargs` go to `Run.track` (e.g. `context`).
+
+        Args:
+            values (dict): Names and values to log; one-element tensors and NumPy scalars count as numbers.
+            step (int | None): The training step they belong to; None lets the tracker pick.
+            **kwargs: Passed to `Run.track` for every value (context, epoch ...).
+        """
         for key, value in plain_values(values).items():
             self.writer.track(value, name=key, step=step, **kwargs)
 
@@ -56,6 +74,12 @@ class AimTracker(GeneralTracker):
         """Log images (`name -> image` or `name -> (image, caption)`) as `aim.Image`s.
 
         `kwargs` may hold `{"aim_image": {...}, "track": {...}}`, passed to `aim.Image` and `Run.track`.
+
+        Args:
+            values (dict): Names and images (anything `aim.Image` takes), or `(image, caption)` pairs.
+            step (int | None): The training step they belong to.
+            kwargs (dict[str, dict] | None): Options under "aim_image" (for `aim.Image`) and "track" (for
+                `Run.track`); note it is a plain dict argument, not `**kwargs`.
         """
         import aim
 

@@ -22,9 +22,13 @@ def is_main_process() -> bool:
 
 
 def on_main_process(function: _Method) -> _Method:
-    """Run a tracker method only on the main process when its tracker has `main_process_only` set.
+    """Decorator for tracker methods: run on the main process only, unless the tracker sets `main_process_only = False`.
 
-    The check happens at call time, so defining or building a tracker never creates the process state.
+    Args:
+        function (Callable): A method of a `GeneralTracker` subclass.
+
+    Returns:
+        Callable: The decorated method.
     """
 
     @functools.wraps(function)
@@ -37,20 +41,38 @@ def on_main_process(function: _Method) -> _Method:
 
 
 class GeneralTracker:
-    """Base class for experiment trackers.
+    """The base class of experiment trackers; subclass it to log to a service Cadence does not know.
 
-    A subclass defines:
+    A subclass defines `name` (how `log_with`, `init_kwargs` and `get_tracker` refer to it),
+    `requires_logging_directory` (whether it is built with the project's logging folder as second
+    argument) and a `tracker` property (the library's own object: a writer, a run). It may set
+    `main_process_only = False` to run on every process. Its methods receive the keyword arguments
+    the user gives under its name in `init_kwargs` / `log_kwargs`. An instance is passed in `log_with`.
 
-    - `name` (`str`): how the tracker is referred to, e.g. in `init_kwargs` and `get_tracker`;
-    - `requires_logging_directory` (`bool`): whether it is built with the project's logging directory
-      as its second argument;
-    - `tracker` (property): the tracking library's own object (a writer, a run, ...);
+    Raises:
+        NotImplementedError: The subclass does not define `name`, `requires_logging_directory` or
+            `tracker`.
 
-    and may define `main_process_only` (`bool`, default `True`): `False` makes the `Accelerator` start
-    and feed the tracker on every process instead of the main one only.
-
-    Its methods (`start`, `store_init_configuration`, `log`, `finish`) accept the keyword arguments the
-    user gives under the tracker's name in `init_kwargs` / `log_kwargs`.
+    Example:
+        >>> from cadence import Accelerator
+        >>> from cadence.tracking import GeneralTracker
+        >>> class ListTracker(GeneralTracker):
+        ...     name = "list"
+        ...     requires_logging_directory = False
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.rows = []
+        ...     @property
+        ...     def tracker(self):
+        ...         return self.rows
+        ...     def log(self, values, step=None, **kwargs):
+        ...         self.rows.append((step, values))
+        >>> tracker = ListTracker()
+        >>> accelerator = Accelerator(log_with=tracker)
+        >>> accelerator.init_trackers("demo")
+        >>> accelerator.log({"loss": 0.5}, step=1)
+        >>> tracker.rows
+        [(1, {'loss': 0.5})]
     """
 
     main_process_only: bool = True
@@ -70,16 +92,26 @@ class GeneralTracker:
             )
 
     def start(self) -> None:
-        """Create the tracking library's run. Called by `init_trackers`, after the process state exists."""
+        """Create the library's run; called by `init_trackers` once the process state exists."""
 
     def store_init_configuration(self, values: dict) -> None:
-        """Record `values` as the run's hyperparameters."""
+        """Record `values` as the run's hyperparameters (`init_trackers(config=...)`).
+
+        Args:
+            values (dict): Names to values.
+        """
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log `values` (name to number, text, ...) at `step`."""
+        """Log `values` at `step` (`Accelerator.log`).
+
+        Args:
+            values (dict): Names to numbers, text, or what the library accepts.
+            step (int | None): The step.
+            **kwargs: The user's `log_kwargs` for this tracker.
+        """
 
     def finish(self) -> None:
-        """Close the run and flush what is pending."""
+        """Close the run and write what is pending (`Accelerator.end_training`)."""
 
 
 def _defines(tracker: GeneralTracker, attribute: str) -> bool:

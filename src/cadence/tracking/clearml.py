@@ -52,13 +52,27 @@ class ClearMLTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> Any:
-        """Connect `values` as the task's configuration; returns ClearML's result."""
+        """Connect `values` as the task's configuration; returns ClearML's result.
+
+        Args:
+            values (dict): The run's hyperparameters (nested dicts and lists allowed); tensors become
+                numbers, enums their value, paths text, other objects their text with a warning.
+
+        Returns:
+            What `Task.connect_configuration` returns.
+        """
         return self.task.connect_configuration(storable_config(values, "ClearML"))
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         """Numbers only. With a `step` they are scalars (an `eval_`/`test_`/`train_` key prefix picks
-        the series, `train` otherwise); without one, single values."""
+        the series, `train` otherwise); without one, single values.
+
+        Args:
+            values (dict): Names and values to log; one-element tensors and NumPy scalars count as numbers.
+            step (int | None): The training step they belong to; None lets the tracker pick.
+            **kwargs: Passed to `Logger.report_scalar` or `Logger.report_single_value`.
+        """
         clearml_logger = self.task.get_logger()
         for key, value in plain_values(values).items():
             if not isinstance(value, (int, float)):
@@ -74,7 +88,13 @@ class ClearMLTracker(GeneralTracker):
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log images (`name -> array or PIL image`) with `Logger.report_image`."""
+        """Log images (`name -> array or PIL image`) with `Logger.report_image`.
+
+        Args:
+            values (dict): Names and images (numpy arrays or PIL images).
+            step (int | None): The iteration they belong to.
+            **kwargs: Passed to `Logger.report_image`.
+        """
         clearml_logger = self.task.get_logger()
         for key, image in values.items():
             title, series = self._get_title_series(key)
@@ -92,7 +112,19 @@ class ClearMLTracker(GeneralTracker):
         step: int | None = None,
         **kwargs: Any,
     ) -> None:
-        """Report a table given as `dataframe`, or as `data` rows (headed by `columns` if given)."""
+        """Report a table given as `dataframe`, or as `data` rows (headed by `columns` if given).
+
+        Args:
+            table_name (str): The table's title (an `eval_`/`test_`/`train_` prefix picks the series).
+            columns (list[str] | None): Column names, a header row put before `data`.
+            data (list[list[Any]] | None): The rows, when no `dataframe` is given.
+            dataframe (Any): A pandas DataFrame to report instead of `data`.
+            step (int | None): The iteration it belongs to.
+            **kwargs: Passed to `Logger.report_table`.
+
+        Raises:
+            ValueError: Neither `data` nor `dataframe`.
+        """
         table = dataframe
         if dataframe is None:
             if data is None:

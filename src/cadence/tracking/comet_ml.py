@@ -10,7 +10,12 @@ from .values import plain_values, storable_config, warn_dropped
 
 class CometMLTracker(GeneralTracker):
     """Logs to a Comet experiment in project `run_name`; `**kwargs` go to `comet_ml.start`
-    (to `comet_ml.Experiment` before comet_ml 3.41)."""
+    (to `comet_ml.Experiment` before comet_ml 3.41).
+
+    Args:
+        run_name (str): The Comet project the experiment belongs to.
+        **kwargs: Passed to `comet_ml.start` (or `comet_ml.Experiment`): api_key, workspace ...
+    """
 
     name = "comet_ml"
     requires_logging_directory = False
@@ -38,12 +43,23 @@ class CometMLTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        """Log `values` as the experiment's parameters."""
+        """Log `values` as the experiment's parameters.
+
+        Args:
+            values (dict): The run's hyperparameters (nested dicts and lists allowed); tensors become
+                numbers, enums their value, paths text, other objects their text with a warning.
+        """
         self.writer.log_parameters(storable_config(values, "Comet"))
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Numbers become metrics, strings "others", and dicts of numbers several metrics."""
+        """Numbers become metrics, strings "others", and dicts of numbers several metrics.
+
+        Args:
+            values (dict): Names and values to log; one-element tensors and NumPy scalars count as numbers.
+            step (int | None): The training step they belong to; None lets the tracker pick.
+            **kwargs: Passed to `log_metric`, `log_other` or `log_metrics`.
+        """
         if step is not None:
             self.writer.set_step(step)
         for key, value in plain_values(values).items():

@@ -12,6 +12,11 @@ class DVCLiveTracker(GeneralTracker):
     """Logs through a `dvclive.Live` (`live`, or one built from `**kwargs`); `run_name` is unused.
 
     Example: `accelerator.init_trackers("project", init_kwargs={"dvclive": {"dir": "my_directory"}})`.
+
+    Args:
+        run_name (str | None): Ignored (DVCLive has no run name); accepted as every tracker takes it.
+        live (Any): An existing `dvclive.Live` to log through; None builds one at start.
+        **kwargs: Passed to `dvclive.Live` when one is built (dir, save_dvc_exp ...).
     """
 
     name = "dvclive"
@@ -37,12 +42,23 @@ class DVCLiveTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        """Log `values` as DVCLive params."""
+        """Log `values` as DVCLive params.
+
+        Args:
+            values (dict): The run's hyperparameters (nested dicts and lists allowed); tensors become
+                numbers, enums their value, paths text, other objects their text with a warning.
+        """
         self.live.log_params(storable_config(values, "DVCLive"))
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Logs the metrics at `step` (or the next step) then moves to the next step."""
+        """Logs the metrics at `step` (or the next step) then moves to the next step.
+
+        Args:
+            values (dict): Names and values to log; one-element tensors and NumPy scalars count as numbers.
+            step (int | None): The training step they belong to; None lets the tracker pick.
+            **kwargs: Passed to `Live.log_metric` (plot, timestamp ...).
+        """
         from dvclive.plots import Metric
 
         if step is not None:

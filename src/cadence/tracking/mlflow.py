@@ -90,7 +90,12 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        """Stored as run params (text); values longer than MLflow's limit are skipped with a warning."""
+        """Stored as run params (text); values longer than MLflow's limit are skipped with a warning.
+
+        Args:
+            values (dict): The run's hyperparameters (nested dicts and lists allowed); tensors become
+                numbers, enums their value, paths text, other objects their text with a warning.
+        """
         import mlflow
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
@@ -112,7 +117,13 @@ class MLflowTracker(GeneralTracker):
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         """Numbers become metrics; other values are skipped with a warning. `**kwargs` go to
-        `mlflow.log_metrics`."""
+        `mlflow.log_metrics`.
+
+        Args:
+            values (dict): Names and values to log; one-element tensors and NumPy scalars count as numbers.
+            step (int | None): The training step they belong to; None lets the tracker pick.
+            **kwargs: Passed to `mlflow.log_metrics` (synchronous, run_id ...).
+        """
         import mlflow
 
         metrics = {}
@@ -125,21 +136,37 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
-        """Save a matplotlib or plotly figure as the run artifact `artifact_file`."""
+        """Save a matplotlib or plotly figure as the run artifact `artifact_file`.
+
+        Args:
+            figure (Any): A matplotlib or plotly figure.
+            artifact_file (str): Its path inside the run's artifacts, extension included ("plots/loss.png").
+            **save_kwargs: Passed to `mlflow.log_figure`.
+        """
         import mlflow
 
         mlflow.log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)
 
     @on_main_process
     def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
-        """Copy the contents of `local_dir` into the run's artifacts (under `artifact_path`)."""
+        """Copy the contents of `local_dir` into the run's artifacts (under `artifact_path`).
+
+        Args:
+            local_dir (str): The folder whose files are uploaded.
+            artifact_path (str | None): The folder inside the run's artifacts; None puts them at their root.
+        """
         import mlflow
 
         mlflow.log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
 
     @on_main_process
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
-        """Copy the file `local_path` into the run's artifacts (under `artifact_path`)."""
+        """Copy the file `local_path` into the run's artifacts (under `artifact_path`).
+
+        Args:
+            local_path (str): The file to upload.
+            artifact_path (str | None): The folder inside the run's artifacts; None puts it at their root.
+        """
         import mlflow
 
         mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)

@@ -37,12 +37,24 @@ class ProjectRunTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """`**kwargs` go to the run's own `log`."""
+        """`**kwargs` go to the run's own `log`.
+
+        Args:
+            values (dict): Names and values to log; one-element tensors and NumPy scalars count as numbers.
+            step (int | None): The training step they belong to; None lets the tracker pick.
+            **kwargs: Passed to the run's `log` (commit ... for W&B).
+        """
         self.run.log(plain_values(values), step=step, **kwargs)
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log lists of images (`name -> [array or PIL image, ...]`) as the package's `Image`s."""
+        """Log lists of images (`name -> [array or PIL image, ...]`) as the package's `Image`s.
+
+        Args:
+            values (dict): Names and lists of images (numpy arrays or PIL images).
+            step (int | None): The training step they belong to.
+            **kwargs: Passed to the run's `log`.
+        """
         image = self.package.Image
         for key, images in values.items():
             self.log({key: [image(item) for item in images]}, step=step, **kwargs)

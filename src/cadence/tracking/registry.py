@@ -138,6 +138,13 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
     Register it before creating the `Accelerator`. It is built as `tracker_class(project_name, **kw)`,
     or `tracker_class(project_name, logging_dir, **kw)` when `requires_logging_directory` is true,
     with `kw` taken from `init_kwargs[name]`.
+
+    Args:
+        tracker_class (type[GeneralTracker]): The tracker class, with `name` and
+            `requires_logging_directory` class attributes.
+
+    Raises:
+        ValueError: Not a `GeneralTracker` subclass, or one missing those attributes.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
         raise ValueError(
@@ -214,6 +221,18 @@ def filter_trackers(
     `"all"` adds every installed built-in tracker (those needing a logging directory only when there
     is one). A tracker asked for by name must be known and installed, and have a logging directory if
     it needs one: otherwise this raises, before anything is started.
+
+    Args:
+        log_with (Any): A tracker or a list of them: `LoggerType`s, registered names, "all", or
+            `GeneralTracker` instances; None means none.
+        logging_dir (str | os.PathLike | None): The project's logging directory, if any.
+
+    Returns:
+        list[LoggerType | str | GeneralTracker]: The trackers to start, each once.
+
+    Raises:
+        ValueError: An unknown name, or a tracker that needs a logging directory without one.
+        ImportError: A tracker whose package is not installed.
     """
     if log_with is None:
         return []

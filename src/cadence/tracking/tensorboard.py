@@ -53,7 +53,12 @@ class TensorBoardTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        """Store `values` as the run's hparams, and as `hparams.yml` in a new folder of the run."""
+        """Store `values` as the run's hparams, and as `hparams.yml` in a new folder of the run.
+
+        Args:
+            values (dict): The run's hyperparameters (nested dicts and lists allowed); tensors become
+                numbers, enums their value, paths text, other objects their text with a warning.
+        """
         import yaml
 
         storable = storable_config(values, "TensorBoard")
@@ -66,7 +71,13 @@ class TensorBoardTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Numbers become scalars, strings texts, and dicts of numbers grouped scalars."""
+        """Numbers become scalars, strings texts, and dicts of numbers grouped scalars.
+
+        Args:
+            values (dict): Names and values to log; one-element tensors and NumPy scalars count as numbers.
+            step (int | None): The training step they belong to; None lets the tracker pick.
+            **kwargs: Passed to `add_scalar`, `add_text` or `add_scalars` (walltime ...).
+        """
         for key, value in plain_values(values).items():
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
@@ -80,7 +91,13 @@ class TensorBoardTracker(GeneralTracker):
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        """Log batches of images (`name -> array or tensor of shape (N, C, H, W)`) with `add_images`."""
+        """Log batches of images (`name -> array or tensor of shape (N, C, H, W)`) with `add_images`.
+
+        Args:
+            values (dict): Names and image batches of shape (N, C, H, W).
+            step (int | None): The training step they belong to.
+            **kwargs: Passed to `SummaryWriter.add_images` (dataformats ...).
+        """
         for key, images in values.items():
             self.writer.add_images(key, images, global_step=step, **kwargs)
         self.writer.flush()

@@ -30,13 +30,26 @@ def is_compiled_module(module: torch.nn.Module) -> bool:
     Example:
         >>> is_compiled_module(torch.nn.Linear(1, 1))
         False
+
+    Args:
+        module (torch.nn.Module): The module to inspect.
+
+    Returns:
+        bool: True for torch's compiled wrapper (`OptimizedModule`).
     """
     optimized = _optimized_module_type()
     return optimized is not None and isinstance(module, optimized)
 
 
 def has_compiled_regions(module: torch.nn.Module) -> bool:
-    """Whether any submodule of `module` (itself included) was compiled with `torch.compile`."""
+    """Whether any submodule of `module` (itself included) was compiled with `torch.compile`.
+
+    Args:
+        module (torch.nn.Module): The model to inspect.
+
+    Returns:
+        bool: True when some submodule is a compiled wrapper.
+    """
     optimized = _optimized_module_type()
     if optimized is None or not module._modules:
         return False
@@ -44,7 +57,14 @@ def has_compiled_regions(module: torch.nn.Module) -> bool:
 
 
 def is_repeated_blocks(module: torch.nn.Module) -> bool:
-    """Whether `module` is a non-empty `ModuleList` whose children all share the first child's class."""
+    """Whether `module` is a non-empty `ModuleList` whose children all share the first child's class.
+
+    Args:
+        module (torch.nn.Module): The module to inspect.
+
+    Returns:
+        bool: True for a `ModuleList` of blocks of one class.
+    """
     return (
         isinstance(module, torch.nn.ModuleList)
         and len(module) > 0
@@ -53,7 +73,14 @@ def is_repeated_blocks(module: torch.nn.Module) -> bool:
 
 
 def has_repeated_blocks(module: torch.nn.Module) -> bool:
-    """Whether `module` holds repeated blocks (see `is_repeated_blocks`) at any depth."""
+    """Whether `module` holds repeated blocks (see `is_repeated_blocks`) at any depth.
+
+    Args:
+        module (torch.nn.Module): The model to inspect.
+
+    Returns:
+        bool: True when some submodule is a `ModuleList` of blocks of one class.
+    """
     if not module._modules:
         return False
     return any(is_repeated_blocks(submodule) for submodule in module.modules())
@@ -86,6 +113,13 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.
         >>> compiled = compile_regions(model)
         >>> compiled._orig_mod is model
         True
+
+    Args:
+        module (torch.nn.Module): The model to compile.
+        **compile_kwargs: Passed to each `torch.compile` call (mode, backend, fullgraph ...).
+
+    Returns:
+        torch.nn.Module: The compiled model (`module` itself is left unchanged).
     """
 
     def compile_part(part: torch.nn.Module) -> torch.nn.Module:
@@ -114,26 +148,53 @@ def _compile_in_place(module: torch.nn.Module, compile_kwargs: dict[str, Any]) -
 
 
 def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs: Any) -> None:
-    """Regional compilation in place (`Module.compile()`), for the module inside a DeepSpeed engine."""
+    """Regional compilation in place (`Module.compile()`), for the module inside a DeepSpeed engine.
+
+    Args:
+        module (torch.nn.Module): The model to compile in place.
+        **compile_kwargs: Passed to each `Module.compile` call.
+    """
     _compile_in_place(module, compile_kwargs)
 
 
 def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
     """Regional compilation in place (`Module.compile()`), which keeps the module's own call path so
-    hooks FSDP2 installs later still run; returns `module`."""
+    hooks FSDP2 installs later still run; returns `module`.
+
+    Args:
+        module (torch.nn.Module): The model to compile in place.
+        **compile_kwargs: Passed to each `Module.compile` call.
+
+    Returns:
+        torch.nn.Module: `module`.
+    """
     _compile_in_place(module, compile_kwargs)
     return module
 
 
 def model_has_dtensor(model: torch.nn.Module) -> bool:
-    """Whether any parameter of `model` is a DTensor (the model was sharded by FSDP2 or TP)."""
+    """Whether any parameter of `model` is a DTensor (the model was sharded by FSDP2 or TP).
+
+    Args:
+        model (torch.nn.Module): The model to inspect.
+
+    Returns:
+        bool: True when some parameter is a `DTensor`.
+    """
     from torch.distributed.tensor import DTensor
 
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
 def get_model_tp_size(model: torch.nn.Module) -> int | None:
-    """The tensor-parallel degree a Transformers model was sharded with, or None."""
+    """The tensor-parallel degree a Transformers model was sharded with, or None.
+
+    Args:
+        model (torch.nn.Module): The model; its `tp_size` or `config.distributed_config` is read.
+
+    Returns:
+        int | None: The tensor-parallel degree, or None when the model says nothing of it.
+    """
     tp_size = getattr(model, "tp_size", None)
     if tp_size is not None:
         return tp_size
@@ -219,6 +280,13 @@ def get_module_children_bottom_up(
         >>> net = torch.nn.Sequential(torch.nn.Linear(1, 1))
         >>> [name for name, _ in get_module_children_bottom_up(net, return_fqns=True)]
         ['0', '']
+
+    Args:
+        model (torch.nn.Module): The root module.
+        return_fqns (bool): Return `(name, module)` pairs instead of modules (default False).
+
+    Returns:
+        list[torch.nn.Module] | list[tuple[str, torch.nn.Module]]: The modules, deepest first.
     """
     pending: list[tuple[str, torch.nn.Module]] = [("", model)]
     visited: list[tuple[str, torch.nn.Module]] = []
@@ -244,6 +312,12 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
         >>> weight = torch.ones(2)
         >>> sorted(clean_state_dict_for_safetensors({"a": weight, "b": weight}))
         ['a']
+
+    Args:
+        state_dict (dict[str, Any]): The state dict; aliases are removed from it in place.
+
+    Returns:
+        dict[str, Any]: The remaining entries, tensors made contiguous.
     """
     by_storage: dict[Any, list[str]] = collections.defaultdict(list)
     for name, value in state_dict.items():
@@ -270,6 +344,12 @@ def get_pretty_name(obj: Any) -> str:
     Example:
         >>> get_pretty_name(torch.nn.Linear(1, 1))
         'Linear'
+
+    Args:
+        obj (Any): A class, function or any object.
+
+    Returns:
+        str: Its name.
     """
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
@@ -286,6 +366,13 @@ def merge_dicts(source: dict, destination: dict) -> dict:
     Example:
         >>> merge_dicts({"a": {"b": 1}}, {"a": {"c": 2}, "d": 3})
         {'a': {'c': 2, 'b': 1}, 'd': 3}
+
+    Args:
+        source (dict): The values to bring in.
+        destination (dict): The dict updated in place.
+
+    Returns:
+        dict: `destination`.
     """
     for key, value in source.items():
         if isinstance(value, dict):
@@ -301,6 +388,16 @@ def recursive_getattr(obj: Any, attr: str) -> Any:
     Example:
         >>> recursive_getattr(torch.nn.Sequential(torch.nn.Linear(1, 2)), "0.out_features")
         2
+
+    Args:
+        obj (Any): The object to start from.
+        attr (str): Attribute names joined by dots, e.g. "encoder.layer.0".
+
+    Returns:
+        The attribute at the end of the path.
+
+    Raises:
+        AttributeError: A name on the path that does not exist.
     """
     return functools.reduce(getattr, attr.split("."), obj)
 
@@ -311,6 +408,12 @@ def convert_bytes(size: float) -> str:
     Example:
         >>> convert_bytes(1536)
         '1.5 KB'
+
+    Args:
+        size (float): A number of bytes.
+
+    Returns:
+        str: The size with its unit, e.g. "1.5 KB".
     """
     for unit in ("bytes", "KB", "MB", "GB", "TB"):
         if size < 1024.0:

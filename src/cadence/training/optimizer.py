@@ -32,7 +32,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         device: torch.device | None = None,
         gradient_state: GradientState | None = None,
     ) -> None:
-        """`device` and `gradient_state` default to the process state's (the Accelerator passes them)."""
+        """Wrap `optimizer`; `prepare()` builds it for you.
+
+        Args:
+            optimizer (torch.optim.Optimizer): The optimizer to wrap.
+            device_placement (bool): Move its state to `device` (default True).
+            scaler (torch.amp.GradScaler | None): The fp16 loss scaler that steps it, if any.
+            device (torch.device | None): Where its state goes; None means the process's device.
+            gradient_state (GradientState | None): Tells whether gradients are synchronised; None means the
+                process's.
+        """
         self.optimizer = optimizer
         self.scaler = scaler
         self.device = device if device is not None else AcceleratorState().device
@@ -82,11 +91,19 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a parameter group to the wrapped optimizer."""
+        """Add a parameter group to the wrapped optimizer.
+
+        Args:
+            param_group (dict[str, Any]): The group, as for `torch.optim.Optimizer.add_param_group`.
+        """
         self.optimizer.add_param_group(param_group)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load the wrapped optimizer's state, then move it to the device if placing."""
+        """Load a state dict into the wrapped optimizer (its state is moved to the device when placed).
+
+        Args:
+            state_dict (dict[str, Any]): A state dict of the same optimizer.
+        """
         self.optimizer.load_state_dict(state_dict)
         if self.device_placement:
             move_optimizer_state(self.optimizer, self.device)
@@ -96,7 +113,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return self.optimizer.state_dict()
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
-        """Zero the gradients, but only on steps where gradients are synchronised."""
+        """Zero the gradients, but only on a step that synchronises them (inside `accumulate()`, only at the end of a window).
+
+        Args:
+            set_to_none (bool | None): Set gradients to None instead of zeros (None: torch's default, True).
+        """
         if self.gradient_state.sync_gradients:
             if set_to_none is None:
                 self.optimizer.zero_grad()
@@ -120,7 +141,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._unscaled = True
 
     def step(self, closure: Any = None) -> Any:
-        """Step the optimizer on sync steps only (via the fp16 grad scaler); returns its result."""
+        """Update the parameters, but only on a step that synchronises gradients; through the fp16 scaler if any.
+
+        With fp16, a step whose gradients overflowed is skipped (`step_was_skipped` then says so).
+
+        Args:
+            closure (Callable | None): Re-evaluates the model and returns the loss, for optimizers that
+                need it (LBFGS).
+
+        Returns:
+            The closure's loss, when given.
+        """
         if not self.gradient_state.sync_gradients:
             return None
         factor = self.gradient_state.window_factor
@@ -202,13 +233,28 @@ def move_to_device(state: Any, device: Any) -> Any:
     Example:
         >>> move_to_device({"exp_avg": torch.zeros(2)}, "cpu")["exp_avg"].device
         device(type='cpu')
+
+    Args:
+        state (Any): An optimizer state, or any nesting of tensors.
+        device (Any): Where the tensors go.
+
+    Returns:
+        The same structure on `device`.
     """
     return send_to_device(state, device)
 
 
 def patch_optimizer_step(accelerated_optimizer: Any, method: Any) -> Any:
     """`method` (an optimizer's `step`) wrapped to record on `accelerated_optimizer` that it ran
-    (`_accelerate_step_called = True`); a grad scaler that skips the step never calls it."""
+    (`_accelerate_step_called = True`); a grad scaler that skips the step never calls it.
+
+    Args:
+        accelerated_optimizer (Any): The `AcceleratedOptimizer` that notes the call.
+        method (Any): The wrapped optimizer's bound `step`.
+
+    Returns:
+        The replacement `step`, taking the same arguments.
+    """
 
     def patched_step(*args: Any, **kwargs: Any) -> Any:
         accelerated_optimizer._accelerate_step_called = True

@@ -24,7 +24,21 @@ class AcceleratedScheduler:
         num_processes: int | None = None,
         gradient_state: GradientState | None = None,
     ) -> None:
-        """`num_processes` and `gradient_state` default to the process state's (the Accelerator passes them)."""
+        """Wrap `scheduler` so it advances with its optimizers; `prepare()` builds it for you.
+
+        Args:
+            scheduler (torch.optim.lr_scheduler.LRScheduler): The scheduler to wrap.
+            optimizers (torch.optim.Optimizer | list): The prepared optimizer(s) it follows: it advances
+                only when they really stepped.
+            step_with_optimizer (bool): Advance together with the optimizer (default True); False steps
+                the scheduler whenever `step()` is called.
+            split_batches (bool): Whether batches are split among processes (then one step per call);
+                otherwise it advances `num_processes` steps per call, so the schedule counts samples as on
+                one process (default False).
+            num_processes (int | None): The number of processes; None means the process state's.
+            gradient_state (GradientState | None): Tells whether gradients are synchronised; None means the
+                process's.
+        """
         self.scheduler = scheduler
         self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self.split_batches = split_batches
@@ -35,7 +49,15 @@ class AcceleratedScheduler:
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Advance the schedule after a real optimizer step (once per process w/o split_batches)."""
+        """Advance the schedule after an optimizer step that really happened.
+
+        Without `split_batches` it advances once per process, so the schedule matches the samples seen.
+        Nothing happens on an accumulation micro-step or when fp16 skipped the optimizer step.
+
+        Args:
+            *args: Passed to the wrapped scheduler's `step`.
+            **kwargs: Passed to the wrapped scheduler's `step`.
+        """
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
@@ -62,7 +84,11 @@ class AcceleratedScheduler:
         return self.scheduler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state dict into the wrapped scheduler."""
+        """Load a state dict into the wrapped scheduler.
+
+        Args:
+            state_dict (dict[str, Any]): A state dict of the same scheduler.
+        """
         self.scheduler.load_state_dict(state_dict)
 
     def get_lr(self) -> Any:
@@ -70,7 +96,12 @@ class AcceleratedScheduler:
         return self.scheduler.get_lr()
 
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
-        """Forward to the wrapped scheduler's `print_lr`."""
+        """The wrapped scheduler's `print_lr`.
+
+        Args:
+            *args: Its arguments.
+            **kwargs: Its keyword arguments.
+        """
         return self.scheduler.print_lr(*args, **kwargs)
 
     def __repr__(self) -> str:

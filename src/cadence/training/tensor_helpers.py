@@ -46,12 +46,26 @@ _MAX_SHAPE_SLOTS = 64
 
 
 def is_torch_xpu_tensor(tensor: Any) -> bool:
-    """Whether `tensor` is a tensor on an Intel XPU."""
+    """Whether `tensor` is a tensor on an Intel XPU.
+
+    Args:
+        tensor (Any): Any value.
+
+    Returns:
+        bool: True for a tensor on an `xpu` device.
+    """
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
 
 
 def is_tensor_information(tensor_info: Any) -> bool:
-    """Whether `tensor_info` is a `TensorInformation` (shape and dtype of a tensor to create)."""
+    """Whether `tensor_info` is a `TensorInformation` (shape and dtype of a tensor to create).
+
+    Args:
+        tensor_info (Any): Any value.
+
+    Returns:
+        bool: True for a `TensorInformation`.
+    """
     return isinstance(tensor_info, TensorInformation)
 
 
@@ -61,6 +75,12 @@ def convert_to_fp32(tensor: Any) -> Any:
     Example:
         >>> convert_to_fp32({"x": torch.ones(1, dtype=torch.half)})["x"].dtype
         torch.float32
+
+    Args:
+        tensor (Any): A tensor, or lists, tuples and mappings of them.
+
+    Returns:
+        The same structure, half-precision tensors converted.
     """
     return recursively_apply(
         lambda t: t.float(),
@@ -75,6 +95,9 @@ class ConvertOutputsToFp32:
     Example:
         >>> model = torch.nn.Linear(2, 2).half()
         >>> model.forward = ConvertOutputsToFp32(model.forward)
+
+    Args:
+        model_forward (Callable[..., Any]): The forward function to wrap.
     """
 
     def __init__(self, model_forward: Callable[..., Any]) -> None:
@@ -97,6 +120,12 @@ def listify(data: Any) -> Any:
     Example:
         >>> listify({"a": torch.tensor([1, 2])})
         {'a': [1, 2]}
+
+    Args:
+        data (Any): A tensor, or lists, tuples and mappings of them.
+
+    Returns:
+        The same structure with Python lists (or numbers, for 0-d tensors) in place of tensors.
     """
 
     def to_list(tensor: torch.Tensor) -> Any:
@@ -109,12 +138,26 @@ def listify(data: Any) -> Any:
 
 
 def get_shape(data: Any) -> Any:
-    """Every tensor in a nested structure replaced by its shape as a list."""
+    """Every tensor in a nested structure replaced by its shape as a list.
+
+    Args:
+        data (Any): A tensor, or lists, tuples and mappings of them.
+
+    Returns:
+        The same structure with each tensor's shape as a list of ints.
+    """
     return recursively_apply(lambda t: list(t.shape), data)
 
 
 def find_device(data: Any) -> torch.device | None:
-    """The device of the first tensor found in a nested structure, or None."""
+    """The device of the first tensor found in a nested structure, or None.
+
+    Args:
+        data (Any): A tensor, or lists, tuples and mappings of them.
+
+    Returns:
+        torch.device | None: The first tensor's device, or None when there is no tensor.
+    """
     if isinstance(data, torch.Tensor):
         return data.device
     if isinstance(data, Mapping):
@@ -134,6 +177,18 @@ def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int
     Example:
         >>> pad_input_tensors(torch.ones(3, 4), batch_size=3, num_processes=2).shape
         torch.Size([4, 4])
+
+    Args:
+        tensor (Any): A tensor, or lists, tuples and mappings of them (nothing else).
+        batch_size (int): The batch's size along `dim`.
+        num_processes (int): The number of processes the batch will be split between.
+        dim (int): The dimension to pad (default 0).
+
+    Returns:
+        The same structure, each tensor padded with zeros (tensors long enough are unchanged).
+
+    Raises:
+        UnsupportedType: A leaf that is not a tensor.
     """
 
     def pad(t: torch.Tensor) -> torch.Tensor:
@@ -156,7 +211,18 @@ def _state() -> Any:
 
 def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]:
     """Shape and dtype code of a tensor that exists on one process only (None elsewhere), known to
-    all processes afterwards. Collective: every process calls it."""
+    all processes afterwards. Collective: every process calls it.
+
+    Args:
+        tensor (torch.Tensor | None): The tensor on the process that holds it; None on the others.
+
+    Returns:
+        tuple[torch.Tensor, int]: The shape (as a CPU tensor of sizes) and the dtype's code in
+        `TENSOR_TYPE_TO_INT`.
+
+    Raises:
+        ValueError: A tensor with more dimensions than the fixed buffer holds.
+    """
     state = _state()
     slots = torch.zeros(_MAX_SHAPE_SLOTS + 2, dtype=torch.int64, device=state.device)
     if tensor is not None:
@@ -174,7 +240,15 @@ def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]
 
 def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     """Send a tensor held by one process (the others pass None) to every process; unlike
-    `broadcast`, the receivers need not know its shape. Collective."""
+    `broadcast`, the receivers need not know its shape. Collective.
+
+    Args:
+        tensor (torch.Tensor | None): The tensor on the one process that holds it; None on all the
+            others.
+
+    Returns:
+        torch.Tensor: The tensor, on this process's device.
+    """
     state = _state()
     shape, dtype_code = gather_tensor_shape(tensor)
     if tensor is None:
@@ -185,7 +259,15 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for a collective over `tensor`: in debug mode (`ACCELERATE_DEBUG_MODE=1` or
     `CADENCE_DEBUG=1`) every process first compares the shapes it sends and all raise
-    `DistributedOperationException` naming the shapes when they differ."""
+    `DistributedOperationException` naming the shapes when they differ.
+
+    Args:
+        function (Callable[..., Any]): The collective to decorate; its tensor is its first argument or
+            `tensor=`.
+
+    Returns:
+        Callable[..., Any]: The decorated collective.
+    """
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -209,7 +291,14 @@ def verify_operation(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for an operation built on other collectives: a `DistributedOperationException`
-    raised inside is re-raised naming this operation."""
+    raised inside is re-raised naming this operation.
+
+    Args:
+        function (Callable[..., Any]): The operation to decorate.
+
+    Returns:
+        Callable[..., Any]: The decorated operation.
+    """
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -229,7 +318,16 @@ def GatheredParameters(  # noqa: N802 - the reference's public name
     params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True
 ) -> Iterator[None]:
     """Inside the block, ZeRO-3 partitioned `params` are whole on every process (DeepSpeed's
-    `GatheredParameters`); a no-op without DeepSpeed ZeRO-3."""
+    `GatheredParameters`); a no-op without DeepSpeed ZeRO-3.
+
+    Args:
+        params (Any): A parameter or an iterable of parameters to gather.
+        modifier_rank (int | None): The process whose changes to the parameters inside the block are kept
+            and sent to the others; None means the parameters are only read.
+        fwd_module (Any): A module whose forward may use the parameters while they are gathered
+            (DeepSpeed registers them as external parameters of it).
+        enabled (bool): Gather at all (default True); False makes the block a no-op.
+    """
 
     state = AcceleratorState()
     plugin = getattr(state, "deepspeed_plugin", None)

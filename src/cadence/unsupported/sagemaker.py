@@ -11,7 +11,15 @@ INSTEAD = "Launch on the machines themselves with `cadence launch` (multi-machin
 
 
 def prepare_sagemager_args_inputs(sagemaker_config: Any, args: Any) -> Any:
-    """Arguments of a SageMaker estimator (unsupported; the misspelling is the reference's name)."""
+    """Arguments of a SageMaker estimator (unsupported; the misspelling is the reference's name).
+
+    Args:
+        sagemaker_config (Any): The SageMaker config file's settings.
+        args (Any): The parsed `launch` arguments.
+
+    Raises:
+        UnsupportedFeatureError: Always (a `NotImplementedError`): launching on SageMaker is not supported.
+    """
     return unsupported("prepare_sagemager_args_inputs", FEATURE, INSTEAD)
 
 

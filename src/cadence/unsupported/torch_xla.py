@@ -16,7 +16,14 @@ INSTEAD = (
 
 
 def install_xla(upgrade: bool = False) -> None:
-    """Install torch_xla in a Colab TPU runtime (unsupported)."""
+    """Install torch_xla in a Colab TPU runtime (unsupported).
+
+    Args:
+        upgrade (bool): Upgrade torch as well (default False).
+
+    Raises:
+        UnsupportedFeatureError: Always (a `NotImplementedError`): installing torch_xla is not supported.
+    """
     unsupported("install_xla", FEATURE, INSTEAD)
 
 

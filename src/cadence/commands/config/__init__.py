@@ -24,7 +24,14 @@ def __getattr__(name: str) -> Any:
 
 
 def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The `config` parser with its `default` and `update` subcommands."""
+    """The `config` parser with its `default` and `update` subcommands.
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
     return config_command_parser(subparsers)
 
 

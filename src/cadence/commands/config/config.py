@@ -15,7 +15,14 @@ description = (
 
 
 def config_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
-    """The `config` parser (with `default` and `update`): added to `subparsers`, or standalone."""
+    """The `config` parser (with `default` and `update`): added to `subparsers`, or standalone.
+
+    Args:
+        subparsers (Any): The subparsers action of the `cadence` parser; None builds a standalone parser.
+
+    Returns:
+        argparse.ArgumentParser: The parser.
+    """
     from ..parser_compat import (
         command_parser,  # deferred: loaded when the command runs (keeps `cadence --help` fast)
     )

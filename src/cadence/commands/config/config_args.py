@@ -36,7 +36,15 @@ def __getattr__(name: str) -> Any:
 
 
 def load_config_from_file(config_file: str | os.PathLike[str] | None) -> ConfigFile:
-    """Read, upgrade and validate a config file (the default one when `config_file` is None)."""
+    """Read, upgrade and validate a config file (the default one when `config_file` is None).
+
+    Args:
+        config_file (str | os.PathLike[str] | None): The YAML or JSON config file; None means the
+            default location.
+
+    Returns:
+        ConfigFile: The loaded config.
+    """
     return _load_config_from_file(config_file)
 
 

@@ -14,7 +14,15 @@ description = "Create a default config file for Cadence with only a few flags se
 def default_command_parser(
     parser: Any, parents: list[argparse.ArgumentParser]
 ) -> argparse.ArgumentParser:
-    """Add the `default` subcommand to the subparsers `parser` (with `parents`' options)."""
+    """Add the `default` subcommand to the subparsers `parser` (with `parents`' options).
+
+    Args:
+        parser (Any): The subparsers action of the `config` parser.
+        parents (list[argparse.ArgumentParser]): Parsers whose options the subcommand also takes.
+
+    Returns:
+        argparse.ArgumentParser: The subcommand's parser.
+    """
     default = parser.add_parser(
         "default", parents=parents, help=description, description=description
     )
@@ -34,7 +42,14 @@ def default_command_parser(
 
 
 def default_config_command(args: argparse.Namespace) -> int:
-    """Write the basic config for this machine to `args.config_file` (default location if None)."""
+    """Write the basic config for this machine to `args.config_file` (default location if None).
+
+    Args:
+        args (argparse.Namespace): The parsed `config default` arguments.
+
+    Returns:
+        int: The exit code.
+    """
     return default_command(args)
 
 
