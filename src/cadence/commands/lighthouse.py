@@ -14,6 +14,10 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "lighthouse",
         help="Run the Lighthouse of a fault-tolerant job (torchft; see `cadence launch --fault_tolerance`).",
+        description="Run torchft's Lighthouse, which forms the quorum of the replica groups of a "
+        "fault-tolerant job, on one address. Start it once per job, then on each machine "
+        "`cadence launch --fault_tolerance --lighthouse HOST:PORT --replica_group I ...`. It serves "
+        "until SIGINT or SIGTERM.",
     )
     parser.add_argument("--bind", required=True, metavar="HOST:PORT",
                         help="Address to listen on (one interface; never every interface by default).")  # fmt: skip
