@@ -443,8 +443,10 @@ class Accelerator(CheckpointMethods):
 
     @contextmanager
     def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
-        """Context parallelism needs FSDP2 with cp_size > 1; otherwise this does nothing, as specified."""
-        yield
+        """Shard `buffers` on their sequence dimension and run attention as ring attention over the cp
+        ranks (FSDP2 with cp_size > 1); otherwise do nothing, warning once. Re-enter it every step."""
+        with self._strategy.maybe_context_parallel(buffers, buffer_seq_dims, no_restore_buffers):
+            yield
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""

@@ -99,12 +99,33 @@ def resolve_parallel_plugins(
         else:
             parallelism_config = parallelism_from_env()
     if parallelism_config is not None and parallelism_config.cp_enabled:
-        if fsdp_plugin is None or fsdp_plugin.fsdp_version != 2:
-            raise ValueError(
-                "cp_size > 1 (context parallelism) needs FSDP2: pass "
-                "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)."
-            )
+        _check_context_parallel_backend(fsdp_plugin, deepspeed_plugins)
     return ParallelPlugins(fsdp_plugin, deepspeed_plugins, parallelism_config)
+
+
+def _check_context_parallel_backend(fsdp_plugin: Any, deepspeed_plugins: Any) -> None:
+    """cp_size > 1 runs with FSDP2 (sharded over dp_shard_cp), or with DDP when the reference's
+    ACCELERATE_ALLOW_CP_STANDALONE=true asks for it; never with FSDP1 or DeepSpeed."""
+    if deepspeed_plugins is not None:
+        raise ValueError(
+            "cp_size > 1 (context parallelism) cannot run with DeepSpeed: use FSDP2 "
+            "(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)), or DeepSpeed's own sequence "
+            "parallelism with ParallelismConfig(sp_size=..., sp_backend='deepspeed')."
+        )
+    if fsdp_plugin is not None and fsdp_plugin.fsdp_version == 2:
+        return
+    if fsdp_plugin is not None:
+        raise ValueError(
+            "cp_size > 1 (context parallelism) needs FSDP2, but the fsdp_plugin uses FSDP1: pass "
+            "FullyShardedDataParallelPlugin(fsdp_version=2)."
+        )
+    if not resolve_flag("allow_cp_standalone", launch={}).value:
+        raise ValueError(
+            "cp_size > 1 (context parallelism) needs FSDP2: pass "
+            "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2), which also shards the model "
+            "over the cp ranks. To run it without FSDP (every rank keeps the whole model), set "
+            "ACCELERATE_ALLOW_CP_STANDALONE=true."
+        )
 
 
 def configure_state(state: Any, plugins: ParallelPlugins) -> None:
