@@ -17,6 +17,7 @@ local shard would be those of the first tokens of the sequence.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -140,11 +141,14 @@ class ContextParallel:
                 )
                 module._cadence_cp_hooked = True
         try:
-            takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+            signature = inspect.signature(model.forward)
         except (TypeError, ValueError):
-            takes_positions = False
-        if takes_positions and not getattr(model, "_cadence_cp_hooked", False):
-            model.register_forward_pre_hook(self._positions_hook, with_kwargs=True)
+            return
+        if "position_ids" in signature.parameters and not getattr(
+            model, "_cadence_cp_hooked", False
+        ):
+            hook = functools.partial(self._positions_hook, signature=signature)
+            model.register_forward_pre_hook(hook, with_kwargs=True)
             model._cadence_cp_hooked = True
 
     def _attention_hook(self, module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -162,11 +166,16 @@ class ContextParallel:
         kwargs["is_causal"] = True
         return args, kwargs
 
-    def _positions_hook(self, module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    def _positions_hook(
+        self, module: Any, args: Any, kwargs: dict[str, Any], signature: inspect.Signature
+    ) -> Any:
         buffers = self._active_buffers
         if buffers is None:
             return args, kwargs
-        positions = kwargs.get("position_ids")
+        try:
+            positions = signature.bind_partial(*args, **kwargs).arguments.get("position_ids")
+        except TypeError:  # the forward itself will say what is wrong with the call
+            return args, kwargs
         if positions is None or not any(positions is b for b in buffers):
             raise ValueError(
                 f"{rank_prefix()}Under context parallelism {type(module).__name__} needs position_ids "
