@@ -118,7 +118,7 @@ def worker(length: int, steps: int, out: str) -> None:
     for step in range(steps + 1):
         generator = torch.Generator().manual_seed(step)
         tokens = torch.randint(0, VOCAB, (1, length + 1), generator=generator)
-        inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        inputs, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
         positions = torch.arange(length).unsqueeze(0)
         counter = SavedBytes(length // world)
         acc.wait_for_everyone()

@@ -80,14 +80,21 @@ def make_llama(seed: int = 0) -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def batch(step: int, length: int) -> dict[str, torch.Tensor]:
-    """Step `step`'s tokens: inputs, labels already shifted (the next token), positions."""
+def step_tokens(step: int, length: int) -> torch.Tensor:
+    """The BATCH sequences of `length` + 1 tokens of step `step`."""
     generator = torch.Generator().manual_seed(100 + step)
-    tokens = torch.randint(0, VOCAB, (BATCH, length + 1), generator=generator)
+    return torch.randint(0, VOCAB, (BATCH, length + 1), generator=generator)
+
+
+def batch(step: int, length: int, tokens: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Step `step`'s tokens (or `tokens`): inputs, labels already shifted (the next token), positions."""
+    tokens = step_tokens(step, length) if tokens is None else tokens
+    rows = tokens.shape[0]
+    # Cloned: sliced from one row, `.contiguous()` would return views sharing memory.
     return {
-        "input_ids": tokens[:, :-1].contiguous(),
-        "labels": tokens[:, 1:].contiguous(),
-        "position_ids": torch.arange(length).expand(BATCH, length).contiguous(),
+        "input_ids": tokens[:, :-1].clone(),
+        "labels": tokens[:, 1:].clone(),
+        "position_ids": torch.arange(length).expand(rows, length).contiguous(),
     }
 
 

@@ -25,6 +25,7 @@ from cp_helpers import (
     make_llama,
     make_tiny,
     reference_steps,
+    step_tokens,
 )
 
 from harness import WorkerError
@@ -121,6 +122,53 @@ def test_cp2_transformers_llama_sdpa_matches_one_process(dist_pool):
     assert loss < TOLERANCE and grad < TOLERANCE, (loss, grad)
 
 
+def train_dp_shard_and_cp(length: int, steps: int) -> list[dict]:
+    """4 processes: dp_shard 2 x cp 2. The prepared loader gives both ranks of a cp group the same
+    sequence, the two cp groups the two sequences of a step; FSDP2 shards over all 4 (dp_shard_cp)."""
+
+    from cadence import Accelerator
+    from cadence.plugins import FullyShardedDataParallelPlugin, ParallelismConfig
+
+    acc = Accelerator(
+        parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=2),
+        fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2),
+    )
+    rows = torch.cat([step_tokens(step, length) for step in range(steps)])
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(rows), batch_size=1)
+    model = make_tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    assert next(iter(model.parameters())).device_mesh.size() == 4  # sharded over dp_shard_cp
+    records = []
+    for step, (tokens,) in enumerate(loader):
+        inputs = batch(step, length, tokens)
+        mesh = acc.state.parallelism_config.get_device_mesh("cpu")
+        seen = [None] * 4
+        torch.distributed.all_gather_object(seen, tokens.tolist())
+        cp_ranks = mesh["cp"].mesh.tolist()  # the global ranks of this rank's cp group
+        same_in_cp_group = seen[cp_ranks[cp_ranks.index(acc.process_index) ^ 1]]
+        buffers = [inputs["input_ids"], inputs["labels"], inputs["position_ids"]]
+        with acc.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1]):
+            assert inputs["input_ids"].shape == (1, length // 2)
+            loss = loss_of(logits_of(model, inputs), inputs["labels"])
+            acc.backward(loss)
+        grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+        records.append(
+            {"loss": acc.reduce(loss.detach(), "mean").item(), "grads": grads,
+             "cp_peer_same_batch": same_in_cp_group == tokens.tolist()}
+        )  # fmt: skip
+        optimizer.step()
+        optimizer.zero_grad()
+    return records
+
+
+def test_dp_shard_and_cp_on_a_2x2_mesh_match_one_process(dist_pool):
+    got = dist_pool(4).run(train_dp_shard_and_cp, 8, 2, timeout=240)
+    assert all(r["cp_peer_same_batch"] for rank in got for r in rank)
+    loss, grad = largest_differences(got[0], reference_steps("tiny", [8, 8]))
+    assert loss < TOLERANCE and grad < TOLERANCE, (loss, grad)
+
+
 def cp_refusals() -> dict[str, str]:
     """Each input context parallelism cannot make exact, on a prepared CP model: the error text."""
     acc = _accelerator("allgather", fsdp=True)
@@ -144,6 +192,8 @@ def cp_refusals() -> dict[str, str]:
     attempt("positions not a buffer", positions=False)
     attempt("length not divisible", length=7)
     attempt("no buffers", buffers_of=lambda inputs: [])
+    row = torch.randint(0, 32, (1, 9))  # input_ids and labels as views of one row of tokens
+    attempt("shared memory", buffers_of=lambda inputs: [row[:, :-1], row[:, 1:]])
     padding = torch.ones(2, 4, dtype=torch.long)
     padding[0, -1] = 0  # a padded token: not a causal mask
     attempt("padding mask", mask=padding)  # last: it stops a forward half-way
@@ -155,7 +205,9 @@ def test_cp_refuses_what_it_cannot_compute_exactly(dist_pool):
     for rank, found in enumerate(messages):
         assert set(found) == {
             "padding mask", "positions not a buffer", "length not divisible", "no buffers",
+            "shared memory",
         }, found  # fmt: skip
+        assert "Buffers 0 and 1 of maybe_context_parallel share memory" in found["shared memory"]
         assert found["padding mask"].startswith(
             f"[rank {rank}] Context parallelism got an attention"
         )

@@ -212,6 +212,18 @@ class ContextParallel:
                 f"pad the batch to a multiple of {self.size} (of {2 * self.size} for load-balanced "
                 "causal attention; pad labels with -100)."
             )
+        # The buffers are cut down in place one after the other: two that share memory (views of one
+        # tensor, like input_ids and labels sliced from one row of tokens) would overwrite each other.
+        owners: dict[int, int] = {}
+        for index, buffer in enumerate(buffers):
+            storage = buffer.untyped_storage().data_ptr()
+            if storage in owners:
+                raise ValueError(
+                    f"{rank_prefix()}Buffers {owners[storage]} and {index} of maybe_context_parallel "
+                    "share memory (views of one tensor): splitting one in place would overwrite the "
+                    "other. Pass separate tensors, e.g. labels.clone()."
+                )
+            owners[storage] = index
         for buffer in no_restore:
             if not any(buffer is b for b in buffers):
                 raise ValueError(
