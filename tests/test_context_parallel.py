@@ -292,3 +292,19 @@ def test_cpu_ring_attention_is_version_checked(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.99.0")
     with pytest.raises(RuntimeError, match=r"needs torch 2\.13 \(this is torch 2\.99\.0\)"):
         cp_cpu_attention.check_cpu_support()
+
+
+def test_sequence_parallelism_is_refused_before_any_process_starts():
+    from cadence.plugins import DeepSpeedSequenceParallelConfig, ParallelismConfig
+    from cadence.plugins.resolve import resolve_parallel_plugins
+
+    config = ParallelismConfig(
+        sp_size=2, sp_backend="deepspeed", sp_handler=DeepSpeedSequenceParallelConfig()
+    )
+    with pytest.raises(
+        NotImplementedError, match=r"sp_size=2, DeepSpeed Ulysses\) is not available"
+    ):
+        resolve_parallel_plugins(
+            fsdp_plugin=None, deepspeed_plugins=None, torch_tp_plugin=None,
+            parallelism_config=config, launch={},
+        )  # fmt: skip

@@ -325,10 +325,7 @@ class ParallelismConfig:
         if self.total_size == 1:
             self._set_size("dp_replicate", num_processes)
         if self.sp_enabled:
-            raise NotImplementedError(
-                "Sequence parallelism (sp_size > 1) runs through DeepSpeed Ulysses, which Cadence does not "
-                "support yet. Use sp_size=1."
-            )
+            raise sequence_parallel_unavailable(self.sp_size)
         if self.total_size != num_processes:
             raise ValueError(
                 f"ParallelismConfig total_size ({self.total_size} = dp_replicate {self.dp_replicate_size} x "
@@ -372,6 +369,16 @@ class ParallelismConfig:
             value = getattr(self, name)
             result[name] = dict(vars(value)) if hasattr(value, "__dict__") else value
         return result
+
+
+def sequence_parallel_unavailable(sp_size: int) -> NotImplementedError:
+    """The error for `sp_size > 1`: DeepSpeed Ulysses is not wired into Cadence's DeepSpeed strategy."""
+    return NotImplementedError(
+        f"Sequence parallelism (sp_size={sp_size}, DeepSpeed Ulysses) is not available in Cadence yet: "
+        "its DeepSpeed strategy does not pass Ulysses' groups to deepspeed.initialize nor shard the "
+        "dataloaders with UlyssesSPDataLoaderAdapter. Set sp_size=1; for long sequences use context "
+        "parallelism, ParallelismConfig(cp_size=N) with FSDP2 (docs: 'Long sequences')."
+    )
 
 
 def parallelism_from_env() -> ParallelismConfig | None:

@@ -46,6 +46,7 @@ def resolve_parallel_plugins(
         ParallelismConfig,
         TorchTensorParallelPlugin,
         parallelism_from_env,
+        sequence_parallel_unavailable,
     )
 
     if fsdp_plugin is not None and not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
@@ -98,6 +99,8 @@ def resolve_parallel_plugins(
             parallelism_config = ParallelismConfig(tp_size=torch_tp_plugin.tp_size)
         else:
             parallelism_config = parallelism_from_env()
+    if parallelism_config is not None and parallelism_config.sp_enabled:
+        raise sequence_parallel_unavailable(parallelism_config.sp_size)
     if parallelism_config is not None and parallelism_config.cp_enabled:
         _check_context_parallel_backend(fsdp_plugin, deepspeed_plugins)
     return ParallelPlugins(fsdp_plugin, deepspeed_plugins, parallelism_config)
