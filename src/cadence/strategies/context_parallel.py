@@ -11,7 +11,8 @@ pre-hook that turns a causal `attention_mask` into `is_causal=True`; a mask that
 sliding window) cannot be kept and is refused, as are models whose configuration has sliding-window or
 chunked attention layers. `CADENCE_CP_DROP_ATTENTION_MASK=1` drops any mask instead, as Accelerate does.
 A model whose forward takes `position_ids` must be given them as a buffer: positions computed from the
-local shard would be those of the first tokens of the sequence.
+local shard would be those of the first tokens of the sequence. Labels that a model shifts itself
+(transformers' `labels`) must come with `shift_labels`, shifted before the split.
 """
 
 from __future__ import annotations
@@ -144,10 +145,9 @@ class ContextParallel:
             signature = inspect.signature(model.forward)
         except (TypeError, ValueError):
             return
-        if "position_ids" in signature.parameters and not getattr(
-            model, "_cadence_cp_hooked", False
-        ):
-            hook = functools.partial(self._positions_hook, signature=signature)
+        watched = {"position_ids", "labels"} & set(signature.parameters)
+        if watched and not getattr(model, "_cadence_cp_hooked", False):
+            hook = functools.partial(self._inputs_hook, signature=signature)
             model.register_forward_pre_hook(hook, with_kwargs=True)
             model._cadence_cp_hooked = True
 
@@ -166,22 +166,48 @@ class ContextParallel:
         kwargs["is_causal"] = True
         return args, kwargs
 
-    def _positions_hook(
+    def _inputs_hook(
         self, module: Any, args: Any, kwargs: dict[str, Any], signature: inspect.Signature
     ) -> Any:
+        """Inside the context: position_ids (and shift_labels) must be buffers, and labels that the
+        model would shift itself (across the shards' boundaries) come with shift_labels."""
         buffers = self._active_buffers
         if buffers is None:
             return args, kwargs
         try:
-            positions = signature.bind_partial(*args, **kwargs).arguments.get("position_ids")
+            bound = signature.bind_partial(*args, **kwargs).arguments
         except TypeError:  # the forward itself will say what is wrong with the call
             return args, kwargs
-        if positions is None or not any(positions is b for b in buffers):
+        extra = next(
+            (
+                bound.get(p.name) or {}
+                for p in signature.parameters.values()
+                if p.kind is p.VAR_KEYWORD
+            ),
+            {},
+        )
+        name = type(module).__name__
+
+        def is_buffer(value: Any) -> bool:
+            return any(value is b for b in buffers)
+
+        positions = bound.get("position_ids")
+        if "position_ids" in signature.parameters and (
+            positions is None or not is_buffer(positions)
+        ):
             raise ValueError(
-                f"{rank_prefix()}Under context parallelism {type(module).__name__} needs position_ids "
-                "passed as a buffer: maybe_context_parallel(buffers=[..., position_ids], "
-                "buffer_seq_dims=[..., 1]) and model(..., position_ids=position_ids). Without it every "
-                "rank numbers its shard of the sequence from 0."
+                f"{rank_prefix()}Under context parallelism {name} needs position_ids passed as a "
+                "buffer: maybe_context_parallel(buffers=[..., position_ids], buffer_seq_dims=[..., 1]) "
+                "and model(..., position_ids=position_ids). Without it every rank numbers its shard "
+                "of the sequence from 0."
+            )
+        shifted = extra.get("shift_labels", bound.get("shift_labels"))
+        if bound.get("labels") is not None and (shifted is None or not is_buffer(shifted)):
+            raise ValueError(
+                f"{rank_prefix()}Under context parallelism {name} got labels without shift_labels "
+                "among the buffers: the model would shift the labels of each shard on its own, and "
+                "every shard's last token would get the wrong target. Shift the labels before the "
+                "split and pass them as a buffer and as model(..., shift_labels=...)."
             )
         return args, kwargs
 
