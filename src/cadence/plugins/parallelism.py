@@ -373,11 +373,17 @@ class ParallelismConfig:
 
 def sequence_parallel_unavailable(sp_size: int) -> NotImplementedError:
     """The error for `sp_size > 1`: DeepSpeed Ulysses is not wired into Cadence's DeepSpeed strategy."""
+    # DeepSpeed's Ulysses itself runs, on CPU over gloo too (benchmarks/probe_ulysses_gloo.py): what
+    # is missing is Cadence's side, listed here so the message says exactly what would be skipped.
     return NotImplementedError(
         f"Sequence parallelism (sp_size={sp_size}, DeepSpeed Ulysses) is not available in Cadence yet: "
-        "its DeepSpeed strategy does not pass Ulysses' groups to deepspeed.initialize nor shard the "
-        "dataloaders with UlyssesSPDataLoaderAdapter. Set sp_size=1; for long sequences use context "
-        "parallelism, ParallelismConfig(cp_size=N) with FSDP2 (docs: 'Long sequences')."
+        "its DeepSpeed strategy does not pass the groups from "
+        "UlyssesSPAttentionHF.register_with_transformers to deepspeed.initialize(mpu=...), does not "
+        "size train_batch_size over the world_size / sp_size data-parallel ranks, gives the ranks of a "
+        "sequence-parallel group the same batch (Ulysses needs a different sample from each) and does "
+        "not wrap dataloaders in UlyssesSPDataLoaderAdapter. Running without these would train on a "
+        "wrong batch, so it is refused. Set sp_size=1; for long sequences use context parallelism, "
+        "ParallelismConfig(cp_size=N) with FSDP2 (docs: 'Long sequences')."
     )
 
 
