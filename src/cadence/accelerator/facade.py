@@ -448,6 +448,16 @@ class Accelerator(CheckpointMethods):
         with self._strategy.maybe_context_parallel(buffers, buffer_seq_dims, no_restore_buffers):
             yield
 
+    def deepspeed_ulysses_dl_adapter(self, dataloader: Any) -> Any:
+        """Wrap a dataloader prepared separately for DeepSpeed Ulysses sequence parallelism (each batch
+        becomes one sample split over the sequence-parallel group)."""
+        ulysses_loader = getattr(self._strategy, "ulysses_loader", None)
+        if ulysses_loader is None:
+            raise ValueError(
+                "deepspeed_ulysses_dl_adapter() needs DeepSpeed with ParallelismConfig(sp_size > 1)."
+            )
+        return ulysses_loader(dataloader)
+
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""
         self._accumulation.lomo_backward(loss, learning_rate)

@@ -324,8 +324,6 @@ class ParallelismConfig:
             return
         if self.total_size == 1:
             self._set_size("dp_replicate", num_processes)
-        if self.sp_enabled:
-            raise sequence_parallel_unavailable(self.sp_size)
         if self.total_size != num_processes:
             raise ValueError(
                 f"ParallelismConfig total_size ({self.total_size} = dp_replicate {self.dp_replicate_size} x "
@@ -371,22 +369,6 @@ class ParallelismConfig:
         return result
 
 
-def sequence_parallel_unavailable(sp_size: int) -> NotImplementedError:
-    """The error for `sp_size > 1`: DeepSpeed Ulysses is not wired into Cadence's DeepSpeed strategy."""
-    # DeepSpeed's Ulysses itself runs, on CPU over gloo too (benchmarks/probe_ulysses_gloo.py): what
-    # is missing is Cadence's side, listed here so the message says exactly what would be skipped.
-    return NotImplementedError(
-        f"Sequence parallelism (sp_size={sp_size}, DeepSpeed Ulysses) is not available in Cadence yet: "
-        "its DeepSpeed strategy does not pass the groups from "
-        "UlyssesSPAttentionHF.register_with_transformers to deepspeed.initialize(mpu=...), does not "
-        "size train_batch_size over the world_size / sp_size data-parallel ranks, gives the ranks of a "
-        "sequence-parallel group the same batch (Ulysses needs a different sample from each) and does "
-        "not wrap dataloaders in UlyssesSPDataLoaderAdapter. Running without these would train on a "
-        "wrong batch, so it is refused. Set sp_size=1; for long sequences use context parallelism, "
-        "ParallelismConfig(cp_size=N) with FSDP2 (docs: 'Long sequences')."
-    )
-
-
 def parallelism_from_env() -> ParallelismConfig | None:
     """A ParallelismConfig from PARALLELISM_CONFIG_* when ACCELERATE_USE_PARALLELISM_CONFIG is true."""
     if resolve_flag("use_parallelism_config", launch={}).value:
@@ -400,6 +382,9 @@ def data_parallel_coordinates(
     """(index, count) of this process among the data-parallel replicas of `config`'s mesh: ranks that
     share a tensor/context-parallel group read the same batches."""
     if config is None or config.non_data_parallel_size <= 1:
+        return process_index, num_processes
+    if config.sp_enabled and config.tp_size * config.cp_size == 1:
+        # Ulysses' loader adapter gathers a different sample from each rank of an sp group.
         return process_index, num_processes
     if not config.dp_dim_names:
         return 0, 1

@@ -46,7 +46,6 @@ def resolve_parallel_plugins(
         ParallelismConfig,
         TorchTensorParallelPlugin,
         parallelism_from_env,
-        sequence_parallel_unavailable,
     )
 
     if fsdp_plugin is not None and not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
@@ -100,10 +99,32 @@ def resolve_parallel_plugins(
         else:
             parallelism_config = parallelism_from_env()
     if parallelism_config is not None and parallelism_config.sp_enabled:
-        raise sequence_parallel_unavailable(parallelism_config.sp_size)
+        _check_sequence_parallel_backend(parallelism_config.sp_size, deepspeed_plugins)
     if parallelism_config is not None and parallelism_config.cp_enabled:
         _check_context_parallel_backend(fsdp_plugin, deepspeed_plugins)
     return ParallelPlugins(fsdp_plugin, deepspeed_plugins, parallelism_config)
+
+
+def _check_sequence_parallel_backend(sp_size: int, deepspeed_plugins: Any) -> None:
+    """sp_size > 1 is DeepSpeed Ulysses: it needs DeepSpeed, with the Ulysses module (0.18.2+)."""
+    if deepspeed_plugins is None:
+        raise ValueError(
+            f"sp_size={sp_size} (sequence parallelism, sp_backend='deepspeed') needs DeepSpeed: pass "
+            "deepspeed_plugin=DeepSpeedPlugin(...) or launch with --use_deepspeed; for FSDP2 use "
+            "context parallelism (cp_size) instead."
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        try:
+            found = importlib.util.find_spec("deepspeed.runtime.sequence_parallel.ulysses_sp")
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            raise ImportError(
+                f"sp_size={sp_size} needs DeepSpeed 0.18.2 or newer (deepspeed.runtime.sequence_"
+                "parallel.ulysses_sp): pip install -U 'deepspeed>=0.18.2'."
+            )
 
 
 def _check_context_parallel_backend(fsdp_plugin: Any, deepspeed_plugins: Any) -> None:
