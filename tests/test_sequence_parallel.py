@@ -158,3 +158,45 @@ def test_sp2_transformers_llama_matches_one_process(dist_pool):
     print(f"sp=2 against one process: loss {loss:.2e}, gradient {grad:.2e}")
     assert loss < TOLERANCE and grad < TOLERANCE, (loss, grad)
     assert largest_differences(got[1]["records"], got[0]["records"]) == (0.0, 0.0)
+
+
+def sp_refusals() -> dict[str, str]:
+    """The errors of a linear-attention model and of batches without position_ids, on this rank."""
+    from transformers import Qwen3NextConfig
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    saved = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    errors = {}
+    try:
+        acc = _accelerator()
+        hybrid = torch.nn.Linear(2, 2)  # only its config is read before the refusal
+        hybrid.config = Qwen3NextConfig(num_hidden_layers=4)
+        try:
+            acc.prepare(
+                hybrid,
+                torch.optim.SGD(hybrid.parameters(), lr=0.1),
+                torch.utils.data.DataLoader(samples(), batch_size=1),
+            )
+        except ValueError as error:
+            errors["linear attention"] = str(error)
+        model = make_llama()
+        rows = [{k: v for k, v in r.items() if k != "position_ids"} for r in samples()]
+        loader = torch.utils.data.DataLoader(rows, batch_size=1)
+        model, _, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+        try:
+            next(iter(loader))
+        except ValueError as error:
+            errors["no position_ids"] = str(error)
+        return errors
+    finally:
+        _restore_transformers_attention(saved)
+
+
+def test_sp_refuses_what_it_cannot_split(dist_pool):
+    got = dist_pool(2).run(sp_refusals, env=ENV, timeout=300)
+    for rank, errors in enumerate(got):
+        assert "layers include linear_attention" in errors["linear attention"]
+        assert "Set sp_size=1" in errors["linear attention"]
+        message = errors["no position_ids"]
+        assert message.startswith(f"[rank {rank}] Sequence parallelism (DeepSpeed Ulysses) needs")
+        assert "['input_ids', 'labels']" in message

@@ -48,6 +48,29 @@ def register(model: Any, sp_size: int, handler: Any, micro_batch_size: int) -> A
     )
 
 
+class _WithPositions:
+    """The wrapped loader's batches, each checked for `position_ids` before the adapter splits it."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            if not isinstance(batch, dict) or "position_ids" not in batch:
+                rank = torch.distributed.get_rank()
+                keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+                raise ValueError(
+                    f"[rank {rank}] Sequence parallelism (DeepSpeed Ulysses) needs position_ids in every "
+                    f"batch, got {keys}: each rank holds a slice of the sequence and needs the tokens' "
+                    "global positions. Add position_ids to the batches (torch.arange(seq_len) per "
+                    "sample; for packed sequences, restarting at each document)."
+                )
+            yield batch
+
+
 class UlyssesLoader:
     """A prepared loader as the sequence-parallel ranks read it, through DeepSpeed's
     `UlyssesSPDataLoaderAdapter`: each batch is one rank's sample split over the sp group (the batches
@@ -71,7 +94,7 @@ class UlyssesLoader:
         from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
 
         adapter = UlyssesSPDataLoaderAdapter(
-            self.loader,
+            _WithPositions(self.loader),
             sp_rank=self.mpu.get_sequence_parallel_rank(),
             sp_group=self.mpu.get_sequence_parallel_group(),
             sp_world_size=self.mpu.get_sequence_parallel_world_size(),
