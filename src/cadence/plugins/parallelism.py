@@ -327,8 +327,9 @@ class ParallelismConfig:
         if self.total_size != num_processes:
             raise ValueError(
                 f"ParallelismConfig total_size ({self.total_size} = dp_replicate {self.dp_replicate_size} x "
-                f"dp_shard {self.dp_shard_size} x tp {self.tp_size} x cp {self.cp_size}) does not match the "
-                f"number of processes ({num_processes}). Adjust the sizes so their product is {num_processes}."
+                f"dp_shard {self.dp_shard_size} x tp {self.tp_size} x cp {self.cp_size} x sp {self.sp_size}) does "
+                f"not match the number of processes ({num_processes}). Adjust the sizes so their product is "
+                f"{num_processes}."
             )
         if is_fsdp2 and not (self.dp_shard_enabled or self.cp_enabled):
             raise ValueError(
