@@ -1007,15 +1007,25 @@ class Accelerator(CheckpointMethods):
     def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
         """Split the sequence dimension of `buffers` across the context-parallel processes for the block.
 
-        Context parallelism is on when the `ParallelismConfig` has `cp_size > 1` (with FSDP2); otherwise the
-        block runs unchanged and the buffers are left as they are.
+        Context parallelism is on when the `ParallelismConfig` has `cp_size > 1` with FSDP2 (or
+        DDP with `ACCELERATE_ALLOW_CP_STANDALONE=true`): inside the block the buffers hold this
+        rank's share of the sequence and attention runs as ring attention over the cp ranks
+        (torch's `context_parallel`). Otherwise the block runs unchanged, the buffers are left as
+        they are, and a warning says so once. Enter it again every step and call `backward` inside
+        it. Shift the labels before the block and pass `position_ids` as a buffer; see the
+        "Long sequences" how-to page.
 
         Args:
             buffers (list[torch.Tensor] | None): The tensors to shard along their sequence dimension (inputs,
-                labels, position ids).
+                labels, position ids). Buffers that share memory are refused (the split is in place).
             buffer_seq_dims (list[int] | None): The sequence dimension of each buffer, one per buffer.
             no_restore_buffers (set[torch.Tensor] | None): Buffers not restored to their full length when the
                 block ends.
+
+        Raises:
+            ValueError: With cp on, `position_ids` missing from the buffers, a sequence length not
+                divisible by `cp_size`, buffers sharing memory, or an attention mask that is not
+                causal (see docs/differences.md).
 
         Example:
             >>> import torch
@@ -1026,7 +1036,32 @@ class Accelerator(CheckpointMethods):
             ...     ids.shape  # no context parallelism here: unchanged
             torch.Size([1, 8])
         """
-        yield
+        with self._strategy.maybe_context_parallel(buffers, buffer_seq_dims, no_restore_buffers):
+            yield
+
+    def deepspeed_ulysses_dl_adapter(self, dataloader: Any) -> Any:
+        """Wrap a dataloader prepared separately for DeepSpeed Ulysses sequence parallelism.
+
+        Dataloaders passed to `prepare` are wrapped already; this is for one prepared on its own.
+        Each batch then becomes one sample split over the sequence-parallel group, with
+        `shift_labels` added (the batches need `position_ids`).
+
+        Args:
+            dataloader (torch.utils.data.DataLoader): The dataloader to wrap.
+
+        Returns:
+            The wrapped dataloader (DeepSpeed's `UlyssesSPDataLoaderAdapter` under Cadence's
+            end-of-data bookkeeping).
+
+        Raises:
+            ValueError: The Accelerator does not run DeepSpeed with `ParallelismConfig(sp_size > 1)`.
+        """
+        ulysses_loader = getattr(self._strategy, "ulysses_loader", None)
+        if ulysses_loader is None:
+            raise ValueError(
+                "deepspeed_ulysses_dl_adapter() needs DeepSpeed with ParallelismConfig(sp_size > 1)."
+            )
+        return ulysses_loader(dataloader)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward and update in one pass with a LOMO or AdaLomo optimizer (package `lomo-optim`).

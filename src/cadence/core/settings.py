@@ -56,6 +56,14 @@ ENV_NAMES: dict[str, tuple[str | None, tuple[str, ...]]] = {
         None,
         ("CADENCE_USE_PARALLELISM_CONFIG", "ACCELERATE_USE_PARALLELISM_CONFIG"),
     ),
+    # cp_size > 1 without FSDP2 (plain DDP over the cp ranks), as the reference's variable allows.
+    "allow_cp_standalone": (
+        None,
+        ("CADENCE_ALLOW_CP_STANDALONE", "ACCELERATE_ALLOW_CP_STANDALONE"),
+    ),
+    # Context parallelism drops any attention mask, as the reference does, instead of refusing a
+    # mask that is not causal (docs/differences.md).
+    "cp_drop_attention_mask": (None, ("CADENCE_CP_DROP_ATTENTION_MASK",)),
     "fork_launched": (None, ("FORK_LAUNCHED",)),
     # Not launched by Cadence and no cpu=True: a process group someone else started (Ray Train)
     # is ignored and each process runs alone, as the reference does (docs/differences.md).

@@ -397,16 +397,12 @@ class ParallelismConfig:
             return
         if self.total_size == 1:
             self._set_size("dp_replicate", num_processes)
-        if self.sp_enabled:
-            raise NotImplementedError(
-                "Sequence parallelism (sp_size > 1) runs through DeepSpeed Ulysses, which Cadence does not "
-                "support yet. Use sp_size=1."
-            )
         if self.total_size != num_processes:
             raise ValueError(
                 f"ParallelismConfig total_size ({self.total_size} = dp_replicate {self.dp_replicate_size} x "
-                f"dp_shard {self.dp_shard_size} x tp {self.tp_size} x cp {self.cp_size}) does not match the "
-                f"number of processes ({num_processes}). Adjust the sizes so their product is {num_processes}."
+                f"dp_shard {self.dp_shard_size} x tp {self.tp_size} x cp {self.cp_size} x sp {self.sp_size}) does "
+                f"not match the number of processes ({num_processes}). Adjust the sizes so their product is "
+                f"{num_processes}."
             )
         if is_fsdp2 and not (self.dp_shard_enabled or self.cp_enabled):
             raise ValueError(
@@ -464,6 +460,9 @@ def data_parallel_coordinates(
     """(index, count) of this process among the data-parallel replicas of `config`'s mesh: ranks that
     share a tensor/context-parallel group read the same batches."""
     if config is None or config.non_data_parallel_size <= 1:
+        return process_index, num_processes
+    if config.sp_enabled and config.tp_size * config.cp_size == 1:
+        # Ulysses' loader adapter gathers a different sample from each rank of an sp group.
         return process_index, num_processes
     if not config.dp_dim_names:
         return 0, 1

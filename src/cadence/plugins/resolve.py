@@ -98,13 +98,58 @@ def resolve_parallel_plugins(
             parallelism_config = ParallelismConfig(tp_size=torch_tp_plugin.tp_size)
         else:
             parallelism_config = parallelism_from_env()
+    if parallelism_config is not None and parallelism_config.sp_enabled:
+        _check_sequence_parallel_backend(parallelism_config.sp_size, deepspeed_plugins)
     if parallelism_config is not None and parallelism_config.cp_enabled:
-        if fsdp_plugin is None or fsdp_plugin.fsdp_version != 2:
-            raise ValueError(
-                "cp_size > 1 (context parallelism) needs FSDP2: pass "
-                "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)."
-            )
+        _check_context_parallel_backend(fsdp_plugin, deepspeed_plugins)
     return ParallelPlugins(fsdp_plugin, deepspeed_plugins, parallelism_config)
+
+
+def _check_sequence_parallel_backend(sp_size: int, deepspeed_plugins: Any) -> None:
+    """sp_size > 1 is DeepSpeed Ulysses: it needs DeepSpeed, with the Ulysses module (0.18.2+)."""
+    if deepspeed_plugins is None:
+        raise ValueError(
+            f"sp_size={sp_size} (sequence parallelism, sp_backend='deepspeed') needs DeepSpeed: pass "
+            "deepspeed_plugin=DeepSpeedPlugin(...) or launch with --use_deepspeed; for FSDP2 use "
+            "context parallelism (cp_size) instead."
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        try:
+            found = importlib.util.find_spec("deepspeed.runtime.sequence_parallel.ulysses_sp")
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            raise ImportError(
+                f"sp_size={sp_size} needs DeepSpeed 0.18.2 or newer (deepspeed.runtime.sequence_"
+                "parallel.ulysses_sp): pip install -U 'deepspeed>=0.18.2'."
+            )
+
+
+def _check_context_parallel_backend(fsdp_plugin: Any, deepspeed_plugins: Any) -> None:
+    """cp_size > 1 runs with FSDP2 (sharded over dp_shard_cp), or with DDP when the reference's
+    ACCELERATE_ALLOW_CP_STANDALONE=true asks for it; never with FSDP1 or DeepSpeed."""
+    if deepspeed_plugins is not None:
+        raise ValueError(
+            "cp_size > 1 (context parallelism) cannot run with DeepSpeed: use FSDP2 "
+            "(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)), or DeepSpeed's own sequence "
+            "parallelism with ParallelismConfig(sp_size=..., sp_backend='deepspeed')."
+        )
+    if fsdp_plugin is not None and fsdp_plugin.fsdp_version == 2:
+        return
+    if fsdp_plugin is not None:
+        raise ValueError(
+            "cp_size > 1 (context parallelism) needs FSDP2, but the fsdp_plugin uses FSDP1: pass "
+            "FullyShardedDataParallelPlugin(fsdp_version=2)."
+        )
+    if not resolve_flag("allow_cp_standalone", launch={}).value:
+        raise ValueError(
+            "cp_size > 1 (context parallelism) needs FSDP2: pass "
+            "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2), which also shards the model "
+            "over the cp ranks. To run it without FSDP (every rank keeps the whole model), set "
+            "ACCELERATE_ALLOW_CP_STANDALONE=true."
+        )
 
 
 def configure_state(state: Any, plugins: ParallelPlugins) -> None:

@@ -16,6 +16,7 @@ import torch
 from ..core.prepared import PreparedObjects
 from ..precision.policy import Precision
 from .context import StrategyContext
+from .context_parallel import ContextParallel, context_parallel_not_enabled
 
 
 class Strategy:
@@ -29,6 +30,18 @@ class Strategy:
         self.context = context
         self.precision = precision
         self.prepared = prepared
+        self.context_parallel: ContextParallel | None = None
+        config = context.parallelism_config
+        if config is not None and config.cp_enabled:
+            if not self.runs_context_parallel:
+                raise ValueError(
+                    f"cp_size={config.cp_size} (context parallelism) cannot run with the {self.name} "
+                    "strategy: use FSDP2 (fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))."
+                )
+            self.context_parallel = ContextParallel.of(context)
+
+    # Whether this backend runs context parallelism (cp_size > 1): FSDP2, and DDP when allowed.
+    runs_context_parallel = False
 
     def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move `model` to this process's device (before it is wrapped); returns it."""
@@ -64,6 +77,24 @@ class Strategy:
                 inner = inner.module
             else:
                 return inner, compiled
+
+    def prepare_context_parallel(self, model: torch.nn.Module) -> None:
+        """Check `model` for context parallelism and hook its attention (no-op when cp_size is 1)."""
+        if self.context_parallel is not None:
+            self.context_parallel.check_model(model)
+            self.context_parallel.attach(model)
+
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager:
+        """The context of one context-parallel step; without context parallelism, a no-op that warns
+        once."""
+        if self.context_parallel is None:
+            return context_parallel_not_enabled()
+        return self.context_parallel.context(buffers, buffer_seq_dims, no_restore_buffers)
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager:
         """Context in which backward skips the gradient sync (a no-op here)."""

@@ -16,9 +16,12 @@ class DDPStrategy(Strategy):
     """DistributedDataParallel: every rank holds the whole model; backward averages gradients."""
 
     name = "ddp"
+    # With ACCELERATE_ALLOW_CP_STANDALONE=true (checked when the plugins are resolved).
+    runs_context_parallel = True
 
     def wrap_model(self, model: torch.nn.Module, evaluation_mode: bool) -> torch.nn.Module:
         """Wrap a trainable model in DistributedDataParallel (handler options and hook)."""
+        self.prepare_context_parallel(model)
         if evaluation_mode or not any(p.requires_grad for p in model.parameters()):
             return model
         handler = self.context.ddp_handler

@@ -28,6 +28,7 @@ from ..runtime.topology import detect_topology
 from ..training.scheduler import AcceleratedScheduler
 from .base import Strategy
 from .deepspeed_engine import build_engine
+from .deepspeed_ulysses import UlyssesLoader, check_model, register
 from .deepspeed_wrappers import (  # noqa: F401  (public names of this module in the reference)
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -69,6 +70,7 @@ class DeepSpeedStrategy(Strategy):
         self.deepspeed = import_deepspeed(self.context.device)
         self._ensure_process_group()
         self.engine_wrapper: DeepSpeedEngineWrapper | None = None
+        self._ulysses_mpu: Any = None  # set when the model is prepared with sp_size > 1
 
     def _ensure_process_group(self) -> None:
         if dist.is_initialized():
@@ -126,6 +128,7 @@ class DeepSpeedStrategy(Strategy):
             objects,
             kinds,
             prepare_one,
+            sequence_parallel=self._setup_sequence_parallel if self._sp_size > 1 else None,
         )
         # backward() drives the first engine this Accelerator prepared, as in the reference: a second
         # model prepared later (e.g. a frozen one under another plugin) must not take over the training.
@@ -145,6 +148,37 @@ class DeepSpeedStrategy(Strategy):
             elif isinstance(obj, AcceleratedScheduler):
                 self.prepared.schedulers.append(obj)
         return result
+
+    @property
+    def _sp_size(self) -> int:
+        config = self.context.parallelism_config
+        return config.sp_size if config is not None else 1
+
+    def _setup_sequence_parallel(self, model: torch.nn.Module, micro_batch_size: int) -> Any:
+        """Check the model, route its attention through Ulysses; returns the mpu (kept for loaders)."""
+        if self._ulysses_mpu is not None:
+            raise ValueError(
+                "Sequence parallelism is set up once per process: prepare one model with sp_size > 1."
+            )
+        check_model(model, self._sp_size)
+        handler = self.context.parallelism_config.sp_handler
+        self._ulysses_mpu = register(model, self._sp_size, handler, micro_batch_size)
+        return self._ulysses_mpu
+
+    def wrap_data_loader(self, loader: Any) -> Any:
+        """With sequence parallelism, each batch is one sample split over the sp group."""
+        if self._ulysses_mpu is None:
+            return loader
+        return UlyssesLoader(loader, self._ulysses_mpu, self.context.device, self.gradient_state)
+
+    def ulysses_loader(self, loader: Any) -> Any:
+        """`accelerator.deepspeed_ulysses_dl_adapter`: adapt a loader prepared on its own."""
+        if self._ulysses_mpu is None:
+            raise ValueError(
+                "deepspeed_ulysses_dl_adapter() needs sequence parallelism set up: use "
+                "ParallelismConfig(sp_size > 1) with DeepSpeed and prepare the model first."
+            )
+        return UlyssesLoader(loader, self._ulysses_mpu, self.context.device, self.gradient_state)
 
     @property
     def _has_engine(self) -> bool:

@@ -89,9 +89,15 @@ def _config_values(
         "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
     }
     if micro is not None:
+        # The ranks of one sequence-parallel group work on the same samples: they count once.
+        config = context.parallelism_config
+        sp_size = config.sp_size if config is not None else 1
         values["train_micro_batch_size_per_gpu"] = micro
         values["train_batch_size"] = (
-            micro * plugin.get_value("gradient_accumulation_steps") * context.num_processes
+            micro
+            * plugin.get_value("gradient_accumulation_steps")
+            * context.num_processes
+            // sp_size
         )
     auto_keys = [key for key in _HIDDEN_SIZE_KEYS if plugin.is_auto(key)]
     if auto_keys:
@@ -165,19 +171,23 @@ def build_engine(
     objects: list[Any],
     kinds: list[str],
     prepare_one: Any,
+    sequence_parallel: Any = None,
 ) -> tuple[list[Any], Any]:
     """Prepare the dataloaders (with `prepare_one`), build the engine; returns (objects, engine).
 
+    `sequence_parallel(model, micro_batch_size)`, when given, sets up Ulysses before the dataloaders
+    are prepared (they are split over its groups) and returns the mpu for `deepspeed.initialize`.
     The DeepSpeed config's gradient_accumulation_steps wins over the Accelerator's: `gradient_state`
     (the owner of that number) is updated to it."""
 
     result = list(objects)
-    loaders = []
+    loaders = [obj for obj, kind in zip(objects, kinds) if kind == "dataloader"]
+    micro = _micro_batch_size(context, plugin, loaders)
+    model = next(obj for obj, kind in zip(objects, kinds) if kind == "model")
+    mpu = sequence_parallel(model, micro or 1) if sequence_parallel is not None else None
     for index, kind in enumerate(kinds):
         if kind == "dataloader":
-            loaders.append(objects[index])
             result[index] = prepare_one(objects[index], kind, None)
-    micro = _micro_batch_size(context, plugin, loaders)
     plugin.fill_match(
         "gradient_accumulation_steps",
         must_match=False,
@@ -192,7 +202,6 @@ def build_engine(
         )
         gradient_state.plugin_kwargs.update({"num_steps": steps})
 
-    model = next(obj for obj, kind in zip(objects, kinds) if kind == "model")
     optimizer = next(
         (
             obj
@@ -223,6 +232,8 @@ def build_engine(
         )  # no compiled op
 
     kwargs: dict[str, Any] = {"model": model, "config_params": config}
+    if mpu is not None:
+        kwargs["mpu"] = mpu
     if optimizer is not None:
         if isinstance(optimizer, DummyOptim):
             kwargs["model_parameters"] = optimizer.params

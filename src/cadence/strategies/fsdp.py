@@ -33,6 +33,7 @@ class FSDPStrategy(ShardedStrategy):
     """FSDP version 2: `fully_shard` turns parameters into DTensors sharded over the mesh."""
 
     name = "fsdp2"
+    runs_context_parallel = True
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -46,6 +47,7 @@ class FSDPStrategy(ShardedStrategy):
         plugin = self.plugin
         # Everything that can fail on bad input runs before the first collective.
         predicate = wrap_predicate(plugin, model)
+        self.prepare_context_parallel(model)
         before = named_parameters(model)
         if plugin.activation_checkpointing:
             apply_activation_checkpointing(

@@ -1,5 +1,6 @@
-"""DeepSpeed ALST / Ulysses sequence parallelism. Cadence does not drive DeepSpeed's sequence
-parallelism: the script checks that asking for it fails with a clear error before any training."""
+"""DeepSpeed ALST / Ulysses sequence parallelism needs DeepSpeed: the script checks that asking for it
+without a DeepSpeed plugin fails with a clear error before any training (the training itself is
+checked by tests/test_sequence_parallel.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def main() -> None:
     except (NotImplementedError, ValueError, TypeError, ImportError) as error:
         print(f"Sequence parallelism is refused with a clear error: {error}")
         return
-    check(False, "DeepSpeed sequence parallelism was accepted, but Cadence does not implement it")
+    check(False, "sequence parallelism without DeepSpeed was accepted")
 
 
 if __name__ == "__main__":
