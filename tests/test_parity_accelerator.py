@@ -119,6 +119,31 @@ def test_quantized_models_that_cannot_train_here_are_refused(device_map, phrase)
     assert acc._models == []  # refused before anything was prepared
 
 
+@pytest.mark.parametrize("cpu_kernels", [False, True])
+@pytest.mark.parametrize("xpu", [False, True])
+def test_the_quantization_probes_are_read_where_accelerate_keeps_them(cpu_kernels, xpu):
+    """Scripts and Accelerate's tests patch `accelerator.is_bitsandbytes_multi_backend_available`
+    and `accelerator.is_xpu_available`: prepare reads those names. An 8-bit model offloaded to the
+    CPU trains on the CPU only with bitsandbytes' CPU kernels, and never on XPU (Accelerate's rule)."""
+    from unittest import mock
+
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    with (
+        mock.patch(
+            "cadence.accelerator.is_bitsandbytes_multi_backend_available", return_value=cpu_kernels
+        ),
+        mock.patch("cadence.accelerator.is_xpu_available", return_value=xpu),
+    ):
+        if cpu_kernels and not xpu:
+            model = acc.prepare_model(quantized_model({"": "cpu"}))
+            assert acc._models == [model]
+        else:
+            with pytest.raises(ValueError, match="with CPU or disk offload"):
+                acc.prepare_model(quantized_model({"": "cpu"}))
+
+
 def prepare_quantized_over_two_devices():
     import os
 
