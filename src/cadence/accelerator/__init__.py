@@ -7,7 +7,7 @@ Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin`): those names 
 
 # The backend probes Accelerate's `accelerator` module consults (and tests patch there); the
 # Preparer reads them from this package at call time.
-from ..core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available
+from ..core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
 from ..core.enums import (
     DistributedType,
     DynamoBackend,
