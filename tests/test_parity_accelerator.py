@@ -20,6 +20,7 @@ def test_prepared_objects_carry_the_reference_flag():
     prepared = acc.prepare(model, optimizer, scheduler, loader, other)
     for obj in prepared[:4]:
         assert getattr(obj, "_is_accelerate_prepared", False) is True, type(obj).__name__
+        assert getattr(obj, "_is_cadence_prepared", False) is True, type(obj).__name__
     assert prepared[4] is other and not hasattr(other, "_is_accelerate_prepared")
     assert getattr(optimizer, "_is_accelerate_prepared", False) is False  # the user's own object
 

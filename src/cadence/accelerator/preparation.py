@@ -107,9 +107,12 @@ def _placements(device_placement: Any, count: int) -> list[Any]:
 
 def mark_prepared(obj: Any) -> None:
     """Flag a prepared object the way the reference does (`_is_accelerate_prepared = True`): libraries
-    built on it (and its own tests) read the flag to avoid preparing an object twice."""
+    built on it (and its own tests) read the flag to avoid preparing an object twice. The same flag
+    under Cadence's name, `_is_cadence_prepared`, is what a script switched over by renaming
+    `accelerate` to `cadence` reads."""
     try:
         obj._is_accelerate_prepared = True
+        obj._is_cadence_prepared = True
     except (AttributeError, TypeError):  # an object that takes no new attributes stays unflagged
         pass
 
