@@ -4,13 +4,14 @@ writes anything; the lock of a job that died is taken over. Real jobs (subproces
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from cadence.checkpointing.writer_lock import read_holder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
@@ -37,6 +38,28 @@ JOB = textwrap.dedent(
             if os.path.exists(hold):
                 break
             time.sleep(0.1)
+    """
+)
+
+
+SAVE_TWICE = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    from cadence import Accelerator
+    from cadence.utils import ProjectConfiguration
+    project, hold = sys.argv[1], sys.argv[2]
+    config = ProjectConfiguration(
+        project_dir=project, automatic_checkpoint_naming=True, total_limit=1
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model = accelerator.prepare(torch.nn.Linear(4, 4))
+    accelerator.save_state()
+    accelerator.save_state()
+    print("SAVED", os.getpid(), flush=True)
+    for _ in range(600):  # keep the lock until told to go (bounded)
+        if os.path.exists(hold):
+            break
+        time.sleep(0.1)
     """
 )
 
@@ -100,12 +123,49 @@ def test_second_live_job_is_refused_naming_the_first_and_writes_nothing(tmp_path
     assert len(_checkpoints(project)) == len(before) + 1
 
 
+def test_the_lock_adds_no_entry_to_the_project_folder(tmp_path):
+    """Accelerate's test_with_save_limit: after two saves with total_limit=1 the project folder holds
+    `checkpoints` only, and that `checkpoint_1` only (Accelerate's resume reads every name there as
+    a numbered checkpoint), while the lock is held and after the job ended."""
+    project = tmp_path / "project"
+    release = tmp_path / "release"
+    (tmp_path / "twice.py").write_text(SAVE_TWICE)
+    holder = subprocess.Popen(
+        [sys.executable, str(tmp_path / "twice.py"), str(project), str(release)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(SLURM_JOB_ID="77"),
+    )
+    try:
+        line = holder.stdout.readline()
+        assert line.startswith("SAVED"), line + holder.stderr.read()
+        assert os.listdir(project) == ["checkpoints"]
+        assert os.listdir(project / "checkpoints") == ["checkpoint_1"]
+        assert read_holder(project)["job"] == {"SLURM_JOB_ID": "77"}  # the lock is held ...
+        (tmp_path / "job.py").write_text(JOB)
+        second = subprocess.run(
+            [sys.executable, str(tmp_path / "job.py"), str(project), "-"],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=_env(),
+        )
+        assert second.returncode == 3, second.stdout + second.stderr  # ... and keeps its guarantee
+        assert f"pid {holder.pid}" in second.stdout and "SLURM_JOB_ID=77" in second.stdout
+    finally:
+        release.write_text("go")
+        holder.wait(timeout=120)
+    assert os.listdir(project) == ["checkpoints"]
+    assert os.listdir(project / "checkpoints") == ["checkpoint_1"]
+
+
 def test_lock_of_a_killed_job_is_taken_over(tmp_path):
     project = tmp_path / "project"
     holder = _start_holder(tmp_path, project, tmp_path / "never")
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=60)
-    stale = json.loads((project / ".cadence-writer.lock").read_text())
+    stale = read_holder(project)
     assert stale["pid"] == holder.pid  # the dead job's record is still there
     after = subprocess.run(
         [sys.executable, str(tmp_path / "job.py"), str(project), "-"],
@@ -115,7 +175,7 @@ def test_lock_of_a_killed_job_is_taken_over(tmp_path):
         env=_env(),
     )
     assert after.returncode == 0, after.stdout + after.stderr
-    taken = json.loads((project / ".cadence-writer.lock").read_text())
+    taken = read_holder(project)
     assert taken["pid"] != holder.pid
 
 

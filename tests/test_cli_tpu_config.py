@@ -66,6 +66,12 @@ def test_config_file_commands_flags_and_install(tmp_path, pod_config):
     )  # fmt: skip
     assert result.stdout.strip().startswith("Running gcloud alpha compute tpus tpu-vm ssh test-tpu")
     assert "--command cd /usr/share; pip install cadence==0.1.0; echo" in result.stdout
+    # the same flags under Cadence's name (a command switched by renaming accelerate to cadence)
+    renamed = run_cli(
+        "--config_file", str(pod_config), "--install_cadence", "--cadence_version", "0.1.0",
+        "--use_alpha", "--debug", cwd=tmp_path, home=tmp_path,
+    )  # fmt: skip
+    assert renamed.stdout == result.stdout
 
 
 def test_missing_command_name_or_zone_is_a_clear_error(tmp_path):

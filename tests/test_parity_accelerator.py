@@ -20,6 +20,7 @@ def test_prepared_objects_carry_the_reference_flag():
     prepared = acc.prepare(model, optimizer, scheduler, loader, other)
     for obj in prepared[:4]:
         assert getattr(obj, "_is_accelerate_prepared", False) is True, type(obj).__name__
+        assert getattr(obj, "_is_cadence_prepared", False) is True, type(obj).__name__
     assert prepared[4] is other and not hasattr(other, "_is_accelerate_prepared")
     assert getattr(optimizer, "_is_accelerate_prepared", False) is False  # the user's own object
 
@@ -117,6 +118,31 @@ def test_quantized_models_that_cannot_train_here_are_refused(device_map, phrase)
     with pytest.raises(ValueError, match=phrase):
         acc.prepare_model(quantized_model(device_map))
     assert acc._models == []  # refused before anything was prepared
+
+
+@pytest.mark.parametrize("cpu_kernels", [False, True])
+@pytest.mark.parametrize("xpu", [False, True])
+def test_the_quantization_probes_are_read_where_accelerate_keeps_them(cpu_kernels, xpu):
+    """Scripts and Accelerate's tests patch `accelerator.is_bitsandbytes_multi_backend_available`
+    and `accelerator.is_xpu_available`: prepare reads those names. An 8-bit model offloaded to the
+    CPU trains on the CPU only with bitsandbytes' CPU kernels, and never on XPU (Accelerate's rule)."""
+    from unittest import mock
+
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    with (
+        mock.patch(
+            "cadence.accelerator.is_bitsandbytes_multi_backend_available", return_value=cpu_kernels
+        ),
+        mock.patch("cadence.accelerator.is_xpu_available", return_value=xpu),
+    ):
+        if cpu_kernels and not xpu:
+            model = acc.prepare_model(quantized_model({"": "cpu"}))
+            assert acc._models == [model]
+        else:
+            with pytest.raises(ValueError, match="with CPU or disk offload"):
+                acc.prepare_model(quantized_model({"": "cpu"}))
 
 
 def prepare_quantized_over_two_devices():

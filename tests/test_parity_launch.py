@@ -24,6 +24,27 @@ def test_flags_win_over_the_config_file_which_fills_the_rest(tmp_path, monkeypat
     assert config.mixed_precision == "bf16"
 
 
+def test_fsdp_sync_module_states_reads_true_until_the_config_file_says_otherwise(
+    tmp_path, monkeypatch
+):
+    """Accelerate's parser defaults `--fsdp_sync_module_states` to "true" in the raw namespace; the
+    config file's value replaces it once the command is validated, a typed flag wins over both."""
+    from cadence.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    (tmp_path / "config.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\nnum_processes: 1\ndistributed_type: 'NO'\n"
+        "fsdp_config:\n  fsdp_sync_module_states: false\n"
+    )
+    args = launch_command_parser().parse_args(["--config-file", "config.yaml", "train.py"])
+    assert args.fsdp_sync_module_states == "true" and "fsdp_sync_module_states" not in vars(args)
+    args, _, _ = _validate_launch_command(args)
+    assert args.fsdp_sync_module_states is False
+    argv = ["--fsdp_sync_module_states", "false", "train.py"]
+    assert launch_command_parser().parse_args(argv).fsdp_sync_module_states is False
+
+
 def test_an_invalid_launch_lists_its_problems(tmp_path, monkeypatch):
     from cadence.commands.launch import _validate_launch_command, launch_command_parser
     from cadence.launch.plan import LaunchPlanError

@@ -303,9 +303,7 @@ UNSUPPORTED = [
     ("cadence.utils", "convert_model", (None,), "Transformer Engine"),
     ("cadence.utils", "install_xla", (), "TPU"),
     ("cadence.utils", "prepare_sagemager_args_inputs", (None, None), "SageMaker"),
-    ("cadence.utils", "save_fsdp_model", (None, None, None, "x"), "save_state"),
     ("cadence.utils", "set_numa_affinity", (0,), "numactl"),
-    ("cadence.checkpointing", "save_accelerator_state", (None,) * 7, "save_state"),
     ("cadence.test_utils.training", "mocked_dataloaders", (None,), "MRPC"),
 ]
 

@@ -1,9 +1,10 @@
 """FSDP helpers of the public API (the reference's `fsdp_utils`): RAM-efficient-loading switches,
 parameter-name canonicalisation, the FSDP2 grad scaler, optimizer parameter switching, wrap policy.
 
-Saving and loading FSDP state is done by `Accelerator.save_state` / `load_state` /
-`save_model` (see `cadence.strategies.sharded_state`); the reference's low-level functions that
-take the Accelerator raise and say so.
+`save_fsdp_model` / `load_fsdp_model` / `save_fsdp_optimizer` / `load_fsdp_optimizer` write and
+read Accelerate's FSDP layout through the Accelerator's sharded strategy (the same code as
+`Accelerator.save_state`, see `cadence.strategies.sharded_state`); the preparation steps that take
+the Accelerator raise and point to `Accelerator.prepare`.
 """
 
 from __future__ import annotations
@@ -243,6 +244,49 @@ def fsdp2_load_full_state_dict(
     raise _through_accelerator("fsdp2_load_full_state_dict")
 
 
+def _sharded_strategy(accelerator: Accelerator, fsdp_plugin: Any, name: str) -> Any:
+    """The strategy that owns the FSDP state of `accelerator`, after checking what Accelerate's
+    `name` accepts that Cadence cannot write in Accelerate's layout (refused before any file)."""
+    from .strategies.sharded import (
+        ShardedStrategy,  # deferred: the sharded backends load when FSDP is used
+    )
+
+    strategy = getattr(accelerator, "_strategy", None)
+    if not isinstance(strategy, ShardedStrategy) or strategy.plugin is None:
+        raise ValueError(
+            f"`{name}` saves or loads the state of a model prepared with FSDP, but this Accelerator "
+            "does not use FSDP: create it with `fsdp_plugin=FullyShardedDataParallelPlugin(...)` "
+            "(or `cadence launch --use_fsdp`), or use `accelerator.save_state` / `load_state`."
+        )
+    kind = getattr(getattr(fsdp_plugin, "state_dict_type", None), "name", None)
+    if kind == "LOCAL_STATE_DICT":
+        raise ValueError(
+            f"`{name}` with state_dict_type LOCAL_STATE_DICT is not supported by Cadence: use "
+            "SHARDED_STATE_DICT (a torch.distributed.checkpoint folder any number of processes "
+            "can load) or FULL_STATE_DICT."
+        )
+    return strategy
+
+
+def _check_layout(name: str, adapter_only: bool, use_dcp: bool) -> None:
+    if adapter_only:
+        raise ValueError(
+            f"`{name}(..., adapter_only=True)` is not supported by Cadence: save the whole model "
+            "(adapter_only=False), or save the adapter with PEFT's own `save_pretrained`."
+        )
+    if not use_dcp:
+        raise ValueError(
+            f"`{name}(..., use_dcp=False)` (per-rank torch.save shards) is not supported by "
+            "Cadence: use the default use_dcp=True (a torch.distributed.checkpoint folder)."
+        )
+
+
+def _is_full(fsdp_plugin: Any) -> bool:
+    return getattr(getattr(fsdp_plugin, "state_dict_type", None), "name", None) != (
+        "SHARDED_STATE_DICT"
+    )
+
+
 def save_fsdp_model(
     fsdp_plugin: Any,
     accelerator: Accelerator,
@@ -252,21 +296,23 @@ def save_fsdp_model(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Save an FSDP model's weights (use `Accelerator.save_state` / `save_model`).
+    """Save the weights of a model prepared with FSDP (1 or 2) in Accelerate's layout, as the
+    plugin's `state_dict_type` says: SHARDED_STATE_DICT writes the torch.distributed.checkpoint
+    folder `output_dir/pytorch_model_fsdp_{model_index}` (every rank its shard; `cadence
+    merge-weights` turns it into one file), FULL_STATE_DICT the main process's
+    `pytorch_model_fsdp.bin` (`pytorch_model_fsdp_{model_index}.bin` after the first).
 
-    Args:
-        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
-        accelerator (Accelerator): The Accelerator.
-        model (torch.nn.Module): The FSDP model.
-        output_dir (str): The checkpoint folder.
-        model_index (int): Which of the prepared models it is (its files are numbered by it).
-        adapter_only (bool): Only the PEFT adapter's weights.
-        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
+    Collective: every process calls it. `adapter_only=True`, `use_dcp=False` and LOCAL_STATE_DICT
+    are refused (before anything is written).
 
-    Raises:
-        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.save_state` or `save_model` instead.
+    Example:
+        >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")
     """
-    raise _through_accelerator("save_fsdp_model")
+    _check_layout("save_fsdp_model", adapter_only, use_dcp)
+    strategy = _sharded_strategy(accelerator, fsdp_plugin, "save_fsdp_model")
+    strategy.save_sharded_state(
+        output_dir, [model], [], full=_is_full(fsdp_plugin), first_index=model_index
+    )
 
 
 def load_fsdp_model(
@@ -278,21 +324,17 @@ def load_fsdp_model(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Load an FSDP model's weights (use `Accelerator.load_state`).
+    """Load into a model prepared with FSDP what `save_fsdp_model` (Cadence's or Accelerate's)
+    wrote in `input_dir`; a sharded folder loads on any number of processes. Collective.
 
-    Args:
-        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
-        accelerator (Accelerator): The Accelerator.
-        model (torch.nn.Module): The FSDP model.
-        input_dir (str): The checkpoint folder.
-        model_index (int): Which of the prepared models it is (its files are numbered by it).
-        adapter_only (bool): Only the PEFT adapter's weights.
-        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
-
-    Raises:
-        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.load_state` instead.
+    Example:
+        >>> load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")
     """
-    raise _through_accelerator("load_fsdp_model")
+    _check_layout("load_fsdp_model", adapter_only, use_dcp)
+    strategy = _sharded_strategy(accelerator, fsdp_plugin, "load_fsdp_model")
+    strategy.load_sharded_state(
+        input_dir, [model], [], full=_is_full(fsdp_plugin), first_index=model_index
+    )
 
 
 def save_fsdp_optimizer(
@@ -304,21 +346,23 @@ def save_fsdp_optimizer(
     optimizer_index: int = 0,
     use_dcp: bool = True,
 ) -> None:
-    """Save an FSDP optimizer's state (use `Accelerator.save_state`).
+    """Save the state of an optimizer of a model prepared with FSDP in Accelerate's layout: the
+    folder `output_dir/optimizer_{optimizer_index}` (SHARDED_STATE_DICT) or the main process's
+    `optimizer.bin` / `optimizer_{optimizer_index}.bin` (FULL_STATE_DICT). Collective.
 
-    Args:
-        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
-        accelerator (Accelerator): The Accelerator.
-        optimizer (torch.optim.Optimizer): The optimizer of the FSDP model.
-        model (torch.nn.Module): The FSDP model.
-        output_dir (str): The checkpoint folder.
-        optimizer_index (int): Which of the prepared optimizers it is (its files are numbered by it).
-        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
-
-    Raises:
-        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.save_state` instead.
+    Example:
+        >>> save_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "ckpt")
     """
-    raise _through_accelerator("save_fsdp_optimizer")
+    _check_layout("save_fsdp_optimizer", False, use_dcp)
+    strategy = _sharded_strategy(accelerator, fsdp_plugin, "save_fsdp_optimizer")
+    strategy.save_sharded_state(
+        output_dir,
+        [],
+        [optimizer],
+        full=_is_full(fsdp_plugin),
+        first_index=optimizer_index,
+        optimizer_models=[model],
+    )
 
 
 def load_fsdp_optimizer(
@@ -331,22 +375,22 @@ def load_fsdp_optimizer(
     adapter_only: bool = False,
     use_dcp: bool = True,
 ) -> None:
-    """Load an FSDP optimizer's state (use `Accelerator.load_state`).
+    """Load into `optimizer` (of `model`, prepared with FSDP) what `save_fsdp_optimizer` wrote in
+    `input_dir`. Collective.
 
-    Args:
-        fsdp_plugin (Any): The FSDP plugin of the Accelerator's state.
-        accelerator (Accelerator): The Accelerator.
-        optimizer (torch.optim.Optimizer): The optimizer of the FSDP model.
-        model (torch.nn.Module): The FSDP model.
-        input_dir (str): The checkpoint folder.
-        optimizer_index (int): Which of the prepared optimizers it is (its files are numbered by it).
-        adapter_only (bool): Only the PEFT adapter's weights.
-        use_dcp (bool): Use torch.distributed.checkpoint's sharded format.
-
-    Raises:
-        NotImplementedError: Always: Cadence does this inside the Accelerator; call `Accelerator.load_state` instead.
+    Example:
+        >>> load_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "ckpt")
     """
-    raise _through_accelerator("load_fsdp_optimizer")
+    _check_layout("load_fsdp_optimizer", adapter_only, use_dcp)
+    strategy = _sharded_strategy(accelerator, fsdp_plugin, "load_fsdp_optimizer")
+    strategy.load_sharded_state(
+        input_dir,
+        [],
+        [optimizer],
+        full=_is_full(fsdp_plugin),
+        first_index=optimizer_index,
+        optimizer_models=[model],
+    )
 
 
 __all__ = [

@@ -5,6 +5,9 @@ import the configuration classes next to the Accelerator (`from accelerate.accel
 Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin`): those names are re-exported here.
 """
 
+# The backend probes Accelerate's `accelerator` module consults (and tests patch there); the
+# Preparer reads them from this package at call time.
+from ..core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available  # noqa: F401
 from ..core.enums import (
     DistributedType,
     DynamoBackend,

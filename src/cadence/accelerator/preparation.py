@@ -6,13 +6,13 @@ dataloader settings) and records every object it prepares in that registry.
 
 from __future__ import annotations
 
+import sys
 import types
 import warnings
 from typing import Any
 
 import torch
 
-from ..core.availability import is_bitsandbytes_multi_backend_available, is_xpu_available
 from ..core.enums import DynamoBackend
 from ..core.input_errors import rank_named_errors, with_rank
 from ..core.prepared import PreparedObjects
@@ -107,9 +107,12 @@ def _placements(device_placement: Any, count: int) -> list[Any]:
 
 def mark_prepared(obj: Any) -> None:
     """Flag a prepared object the way the reference does (`_is_accelerate_prepared = True`): libraries
-    built on it (and its own tests) read the flag to avoid preparing an object twice."""
+    built on it (and its own tests) read the flag to avoid preparing an object twice. The same flag
+    under Cadence's name, `_is_cadence_prepared`, is what a script switched over by renaming
+    `accelerate` to `cadence` reads."""
     try:
         obj._is_accelerate_prepared = True
+        obj._is_cadence_prepared = True
     except (AttributeError, TypeError):  # an object that takes no new attributes stays unflagged
         pass
 
@@ -226,14 +229,17 @@ class Preparer:
             verify_device_map,
         )
 
+        # The two probes are read from this package, `cadence.accelerator`, at call time: it is
+        # Accelerate's module `accelerate.accelerator`, where scripts and tests patch them.
+        package = sys.modules[__package__]
         model = self.strategy.precision.convert_model(model)  # fp8: float8 linears, before wrapping
         check_model_is_trainable(model, self.strategy.context.distributed_type)
         check_quantized_model_placement(
             model,
             self._device,
             self.strategy.context.distributed_type,
-            cpu_quantization=is_bitsandbytes_multi_backend_available(),
-            xpu=is_xpu_available(),
+            cpu_quantization=package.is_bitsandbytes_multi_backend_available(),
+            xpu=package.is_xpu_available(),
         )
         # A model dispatched with a device map (or quantized on its device) stays where it was put.
         placement = self.device_placement if device_placement is None else device_placement

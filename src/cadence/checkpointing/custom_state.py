@@ -1,5 +1,5 @@
-"""The reference's module-level checkpoint functions: custom objects' state (real) and whole
-accelerator state (done by `Accelerator.save_state` / `load_state` in Cadence).
+"""The reference's module-level checkpoint functions: custom objects' state and a whole training
+state (`save_accelerator_state` / `load_accelerator_state`), in Accelerate's file layout.
 
 Like the rest of this package it does not use torch.distributed: which process writes is read
 from the launcher's RANK / LOCAL_RANK variables.
@@ -13,15 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from ..core.settings import env_text
-from .layout import custom_state_file
-from .serialization import load, save
+from .layout import (
+    custom_state_file,
+    dataloader_state_file,
+    model_file,
+    optimizer_file,
+    rng_state_file,
+    scaler_file,
+    scheduler_file,
+)
+from .serialization import apply_model_state, capture_rng_state, load, restore_rng_state, save
 
 logger = logging.getLogger(__name__)
-
-_USE_ACCELERATOR = (
-    "Cadence writes and reads whole checkpoints (verified, atomic) with `Accelerator.save_state(output_dir)` "
-    "and `Accelerator.load_state(input_dir)`; use those."
-)
 
 
 def _writes(save_on_each_node: bool) -> bool:
@@ -73,7 +76,7 @@ def load_custom_state(obj: Any, path: str | os.PathLike, index: int = 0) -> None
 
 
 def save_accelerator_state(
-    output_dir: str,
+    output_dir: str | os.PathLike,
     model_states: list[dict],
     optimizers: list,
     schedulers: list,
@@ -84,32 +87,41 @@ def save_accelerator_state(
     save_on_each_node: bool = False,
     safe_serialization: bool = True,
 ) -> Path:
-    """Write a whole training state (Accelerate's internal step of `save_state`).
+    """Write a training state into `output_dir` in Accelerate's layout, as its function of this name
+    does: the main process (each node's with `save_on_each_node=True`) writes the model states
+    (`model.safetensors`, `model_1.safetensors`, ... or `pytorch_model.bin`, ...), the optimizers'
+    and schedulers' states (`optimizer.bin`, `scheduler.bin`, ...), the states of stateful dataloaders
+    (`dl_state_dict.bin`, ...) and the scaler's (`scaler.pt`); every process writes its RNG states
+    with `step` (`random_states_{process_index}.pkl`). Each file is replaced atomically.
 
-    Cadence does not provide this internal step of Accelerate's checkpointing: calling it raises
-    NotImplementedError. Use `Accelerator.save_state` / `Accelerator.load_state`, which write and read
-    the same layout atomically and verified.
+    Unlike `Accelerator.save_state`, the folder gets no manifest (nothing commits it as a whole):
+    use this for a hand-made training loop, `Accelerator.save_state` for a checkpoint.
 
-    Args:
-        output_dir (str): The checkpoint folder.
-        model_states (list[dict]): The models' state dicts.
-        optimizers (list): The optimizers.
-        schedulers (list): The schedulers.
-        dataloaders (list): The dataloaders.
-        process_index (int): This process's rank.
-        step (int): The accumulation step.
-        scaler (torch.amp.GradScaler | None): The fp16 scaler.
-        save_on_each_node (bool): Write on each machine.
-        safe_serialization (bool): Write safetensors.
-
-    Raises:
-        NotImplementedError: Always.
+    Example:
+        >>> save_accelerator_state("ckpt", [model.state_dict()], [opt], [], [], 0, step=10)
     """
-    raise NotImplementedError(f"`save_accelerator_state` is not provided. {_USE_ACCELERATOR}")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if _writes(save_on_each_node):
+        for i, state in enumerate(model_states):
+            target = output_dir / model_file(i, safe_serialization)
+            save(state, target, safe_serialization=safe_serialization)
+        for i, optimizer in enumerate(optimizers):
+            save(optimizer.state_dict(), output_dir / optimizer_file(i))
+        for i, scheduler in enumerate(schedulers):
+            save(scheduler.state_dict(), output_dir / scheduler_file(i))
+        for i, loader in enumerate(dataloaders):
+            if getattr(loader, "use_stateful_dataloader", False):
+                save(loader.state_dict(), output_dir / dataloader_state_file(i))
+        if scaler is not None:
+            save(scaler.state_dict(), output_dir / scaler_file())
+    save(capture_rng_state(step=step), output_dir / rng_state_file(process_index))
+    logger.info(f"Training state saved in {output_dir}")
+    return output_dir
 
 
 def load_accelerator_state(
-    input_dir: str,
+    input_dir: str | os.PathLike,
     models: list,
     optimizers: list,
     schedulers: list,
@@ -120,25 +132,64 @@ def load_accelerator_state(
     load_kwargs: dict | None = None,
     **load_model_func_kwargs: Any,
 ) -> dict:
-    """Read a whole training state (Accelerate's internal step of `load_state`).
+    """Load what `save_accelerator_state` (Cadence's or Accelerate's) wrote in `input_dir` into the
+    given objects; returns the attributes to set on the Accelerator (`{"step": ...}` when the RNG
+    file has it).
 
-    Cadence does not provide this internal step of Accelerate's checkpointing: calling it raises
-    NotImplementedError. Use `Accelerator.save_state` / `Accelerator.load_state`, which write and read
-    the same layout atomically and verified.
+    `map_location`: where the model weights and optimizer states go, None or "cpu" (the CPU) or
+    "on_device" (this process's device); `load_kwargs` go to the loading of the optimizer,
+    scheduler and dataloader files, `load_model_func_kwargs` (`strict`) to the model's loading.
+    Missing RNG states are logged and skipped, as in Accelerate.
 
-    Args:
-        input_dir (str): The checkpoint folder.
-        models (list): The models.
-        optimizers (list): The optimizers.
-        schedulers (list): The schedulers.
-        dataloaders (list): The dataloaders.
-        process_index (int): This process's rank.
-        scaler (torch.amp.GradScaler | None): The fp16 scaler.
-        map_location (Any): Where to load tensors.
-        load_kwargs (dict | None): Options of the reads.
-        **load_model_func_kwargs: Options of the model loads.
-
-    Raises:
-        NotImplementedError: Always.
+    Example:
+        >>> load_accelerator_state("ckpt", [model], [opt], [], [], 0)
+        {'step': 10}
     """
-    raise NotImplementedError(f"`load_accelerator_state` is not provided. {_USE_ACCELERATOR}")
+    if map_location not in (None, "cpu", "on_device"):
+        raise TypeError(
+            "Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, "
+            "or `'on_device'`"
+        )
+    unknown = set(load_model_func_kwargs) - {"strict"}
+    if unknown:
+        raise TypeError(
+            f"load_accelerator_state passes only `strict` to the models' loading, got "
+            f"{sorted(unknown)}."
+        )
+    if map_location == "on_device":
+        from ..runtime.state import (
+            PartialState,  # deferred: the process state is needed for "on_device" only
+        )
+
+        device: Any = PartialState().device
+    else:
+        device = "cpu"
+    load_kwargs = dict(load_kwargs or {})
+    input_dir = Path(input_dir)
+    override: dict[str, Any] = {}
+    for i, model in enumerate(models):
+        target = input_dir / model_file(i, safe_serialization=True)
+        if not target.exists():
+            target = input_dir / model_file(i, safe_serialization=False)
+        strict = load_model_func_kwargs.get("strict", True)
+        apply_model_state(model, load(target, map_location=device), strict=strict)
+    for i, optimizer in enumerate(optimizers):
+        optimizer.load_state_dict(
+            load(input_dir / optimizer_file(i), map_location=device, **load_kwargs)
+        )
+    for i, scheduler in enumerate(schedulers):
+        scheduler.load_state_dict(load(input_dir / scheduler_file(i), **load_kwargs))
+    for i, loader in enumerate(dataloaders):
+        source = input_dir / dataloader_state_file(i)
+        if getattr(loader, "use_stateful_dataloader", False) and source.exists():
+            loader.load_state_dict(load(source, **load_kwargs))
+    if scaler is not None:
+        scaler.load_state_dict(load(input_dir / scaler_file()))
+    try:
+        states = load(input_dir / rng_state_file(process_index))
+        if "step" in states:
+            override["step"] = states["step"]
+        restore_rng_state(states)
+    except Exception as err:  # as in Accelerate: a run without RNG states still loads
+        logger.info(f"Could not load random states ({err})")
+    return override

@@ -273,7 +273,9 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         # Standalone, its namespace answers for every flag (as the reference's parser does); the
         # typed flags alone are in vars(args), which is what the launch plan reads.
         defaults = {
-            action.dest: False if action.nargs == 0 and action.const is True else None
+            action.dest: _RAW_DEFAULTS.get(
+                action.dest, False if action.nargs == 0 and action.const is True else None
+            )
             for action in parser._actions
             if action.dest not in ("help", argparse.SUPPRESS)
         }
@@ -285,6 +287,11 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
 
         parser.parse_known_args = parse_with_defaults  # type: ignore[method-assign]
     return parser
+
+
+# Untyped flags whose raw value in Accelerate's parser is not None: scripts that read the parsed
+# namespace before `_validate_launch_command` see the same value (the plan reads typed flags only).
+_RAW_DEFAULTS = {"fsdp_sync_module_states": "true"}
 
 
 class LaunchNamespace(argparse.Namespace):

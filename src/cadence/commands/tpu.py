@@ -72,13 +72,18 @@ def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
         default=None,
         help="A file with one command per line to run on every worker.",
     )
+    # Accelerate's flag names, and the same under Cadence's name (a command switched by renaming).
     pod.add_argument(
         "--install_accelerate",
+        "--install_cadence",
+        dest="install_accelerate",
         action="store_true",
         help="Install Cadence on every worker first (`pip install cadence`).",
     )
     pod.add_argument(
         "--accelerate_version",
+        "--cadence_version",
+        dest="accelerate_version",
         default="latest",
         help="The Cadence version --install_accelerate installs: 'latest' (default), 'dev' "
         "(from its repository) or a version number.",

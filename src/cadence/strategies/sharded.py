@@ -77,21 +77,32 @@ class ShardedStrategy(Strategy):
         return owners
 
     def save_sharded_state(
-        self, directory: Any, models: Sequence[Any], optimizers: Sequence[Any]
+        self,
+        directory: Any,
+        models: Sequence[Any],
+        optimizers: Sequence[Any],
+        *,
+        full: bool | None = None,
+        first_index: int = 0,
+        optimizer_models: Sequence[Any] | None = None,
     ) -> list[str]:
         """Write models' and optimizers' state into `directory`; return the files this rank wrote.
 
-        Collective: every rank calls it with the same models and optimizers.
+        Collective: every rank calls it with the same models and optimizers. `full` (default: the
+        plugin's state_dict_type) picks the layout, `first_index` the first number in the file names,
+        `optimizer_models` the model each optimizer trains (default: found among `models`).
         """
 
         models = [self._state_model(m) for m in models]
+        owners = [self._state_model(m) for m in optimizer_models or ()]
         return save_sharded(
             directory,
             models,
             optimizers,
-            full=self._full_checkpoints,
-            optimizer_models=self._owners(models, optimizers),
+            full=self._full_checkpoints if full is None else full,
+            optimizer_models=owners or self._owners(models, optimizers),
             offload=self._full_state_offload,
+            first_index=first_index,
         )
 
     def load_sharded_state(
@@ -100,18 +111,25 @@ class ShardedStrategy(Strategy):
         models: Sequence[Any],
         optimizers: Sequence[Any],
         open_file: Any = None,
+        *,
+        full: bool | None = None,
+        first_index: int = 0,
+        optimizer_models: Sequence[Any] | None = None,
     ) -> None:
         """Load what `save_sharded_state` wrote (possibly by another number of processes). Collective.
 
-        `open_file(name)`: the checkpoint reader's opener of verified file content (see `load_sharded`).
+        `open_file(name)`: the checkpoint reader's opener of verified file content (see `load_sharded`);
+        `full`, `first_index`, `optimizer_models`: as in `save_sharded_state`.
         """
 
         models = [self._state_model(m) for m in models]
+        owners = [self._state_model(m) for m in optimizer_models or ()]
         load_sharded(
             directory,
             models,
             optimizers,
-            full=self._full_checkpoints,
-            optimizer_models=self._owners(models, optimizers),
+            full=self._full_checkpoints if full is None else full,
+            optimizer_models=owners or self._owners(models, optimizers),
             open_file=open_file,
+            first_index=first_index,
         )

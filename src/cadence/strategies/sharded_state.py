@@ -85,12 +85,14 @@ def save_sharded(
     full: bool,
     optimizer_models: Sequence[torch.nn.Module] | None = None,
     offload: bool = True,
+    first_index: int = 0,
 ) -> list[str]:
     """Write the models' and optimizers' state into `directory`; return this rank's files.
 
     `optimizer_models[i]` is the model whose parameters optimizer `i` trains (the first model by default).
     `offload=False` gathers full state dicts on every rank instead of on the main process's CPU memory
-    (FSDP1 on CPU cannot do the latter).
+    (FSDP1 on CPU cannot do the latter). `first_index`: the number of the first model and optimizer
+    in the file names (Accelerate's `save_fsdp_model(..., model_index=i)` writes one of several).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
@@ -101,7 +103,7 @@ def save_sharded(
     base = Path(directory)
     base.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
-    for index, model in enumerate(models):
+    for index, model in enumerate(models, first_index):
         state = get_model_state_dict(model, options=_options(full, offload))
         if full:
             name = _indexed(FULL_MODEL_FILE, index)
@@ -114,8 +116,9 @@ def save_sharded(
             dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
             written += _files_of_this_rank(folder, base)
     owners = list(optimizer_models or [])
-    for index, optimizer in enumerate(optimizers):
-        model = owners[index] if index < len(owners) else models[0]
+    for position, optimizer in enumerate(optimizers):
+        index = first_index + position
+        model = owners[position] if position < len(owners) else models[0]
         inner = _inner_optimizer(optimizer)
         state = get_optimizer_state_dict(model, inner, options=_options(full, offload))
         if full:
@@ -148,6 +151,7 @@ def load_sharded(
     full: bool,
     optimizer_models: Sequence[torch.nn.Module] | None = None,
     open_file: OpenFile | None = None,
+    first_index: int = 0,
 ) -> None:
     """Load what `save_sharded` wrote into the (already sharded) models and optimizers.
 
@@ -155,6 +159,7 @@ def load_sharded(
     of checkpoint file `name` (a path relative to `directory`, such as
     `pytorch_model_fsdp_0/__0_0.distcp`): every file is then read through it, so nothing is unpickled
     or applied that did not match its checksum. Without it, the files are read directly.
+    `first_index`: the number of the first model and optimizer in the file names.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
@@ -166,20 +171,20 @@ def load_sharded(
 
     base = Path(directory)
     # Every rank checks the files before the first collective, so a missing file cannot hang the others.
-    for index in range(len(models)):
+    for index in range(first_index, first_index + len(models)):
         if full:
             if _rank() == 0:
                 _require(base / _indexed(FULL_MODEL_FILE, index), f"model {index}")
         else:
             _require(base / MODEL_DIR.format(index=index), f"sharded model {index}")
-    for index in range(len(optimizers)):
+    for index in range(first_index, first_index + len(optimizers)):
         if full:
             if _rank() == 0:
                 _require(base / _indexed(FULL_OPTIMIZER_FILE, index), f"optimizer {index}")
         else:
             _require(base / OPTIMIZER_DIR.format(index=index), f"sharded optimizer {index}")
 
-    for index, model in enumerate(models):
+    for index, model in enumerate(models, first_index):
         if full:
             state = (
                 _load_full(base, _indexed(FULL_MODEL_FILE, index), open_file)
@@ -196,8 +201,9 @@ def load_sharded(
             )
             set_model_state_dict(model, state["model"], options=_options(False))
     owners = list(optimizer_models or [])
-    for index, optimizer in enumerate(optimizers):
-        model = owners[index] if index < len(owners) else models[0]
+    for position, optimizer in enumerate(optimizers):
+        index = first_index + position
+        model = owners[position] if position < len(owners) else models[0]
         inner = _inner_optimizer(optimizer)
         if full:
             state = (
