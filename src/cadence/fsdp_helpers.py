@@ -305,8 +305,24 @@ def save_fsdp_model(
     Collective: every process calls it. `adapter_only=True`, `use_dcp=False` and LOCAL_STATE_DICT
     are refused (before anything is written).
 
+    Args:
+        fsdp_plugin (FullyShardedDataParallelPlugin): The plugin the model was prepared with
+            (`accelerator.state.fsdp_plugin`); its `state_dict_type` picks the layout.
+        accelerator (Accelerator): The Accelerator that prepared the model.
+        model (torch.nn.Module): The prepared model.
+        output_dir (str): The folder to write into (created if missing).
+        model_index (int): The model's number among the prepared models (0 by default); it
+            names the files after the first.
+        adapter_only (bool): Accelerate's PEFT-adapter-only save; refused (False by default).
+        use_dcp (bool): Write through torch.distributed.checkpoint (True by default); False,
+            Accelerate's per-rank shards, is refused.
+
+    Raises:
+        ValueError: `adapter_only=True`, `use_dcp=False`, a LOCAL_STATE_DICT plugin, or an
+            Accelerator that does not run FSDP (before any file is touched).
+
     Example:
-        >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")
+        >>> save_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")  # doctest: +SKIP
     """
     _check_layout("save_fsdp_model", adapter_only, use_dcp)
     strategy = _sharded_strategy(accelerator, fsdp_plugin, "save_fsdp_model")
@@ -327,8 +343,22 @@ def load_fsdp_model(
     """Load into a model prepared with FSDP what `save_fsdp_model` (Cadence's or Accelerate's)
     wrote in `input_dir`; a sharded folder loads on any number of processes. Collective.
 
+    Args:
+        fsdp_plugin (FullyShardedDataParallelPlugin): The plugin the model was prepared with
+            (`accelerator.state.fsdp_plugin`); its `state_dict_type` picks the layout.
+        accelerator (Accelerator): The Accelerator that prepared the model.
+        model (torch.nn.Module): The prepared model to load into.
+        input_dir (str): The folder `save_fsdp_model` wrote into.
+        model_index (int): The model's number, as given when saving (0 by default).
+        adapter_only (bool): Accelerate's PEFT-adapter-only load; refused (False by default).
+        use_dcp (bool): Read through torch.distributed.checkpoint (True by default); False is refused.
+
+    Raises:
+        ValueError: `adapter_only=True`, `use_dcp=False`, a LOCAL_STATE_DICT plugin, or an
+            Accelerator that does not run FSDP (before any file is touched).
+
     Example:
-        >>> load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")
+        >>> load_fsdp_model(accelerator.state.fsdp_plugin, accelerator, model, "ckpt")  # doctest: +SKIP
     """
     _check_layout("load_fsdp_model", adapter_only, use_dcp)
     strategy = _sharded_strategy(accelerator, fsdp_plugin, "load_fsdp_model")
@@ -350,8 +380,22 @@ def save_fsdp_optimizer(
     folder `output_dir/optimizer_{optimizer_index}` (SHARDED_STATE_DICT) or the main process's
     `optimizer.bin` / `optimizer_{optimizer_index}.bin` (FULL_STATE_DICT). Collective.
 
+    Args:
+        fsdp_plugin (FullyShardedDataParallelPlugin): The plugin the model was prepared with
+            (`accelerator.state.fsdp_plugin`); its `state_dict_type` picks the layout.
+        accelerator (Accelerator): The Accelerator that prepared the model.
+        optimizer (torch.optim.Optimizer): The prepared optimizer.
+        model (torch.nn.Module): The prepared model the optimizer steps.
+        output_dir (str): The folder to write into (created if missing).
+        optimizer_index (int): The optimizer's number among the prepared ones (0 by default).
+        use_dcp (bool): Write through torch.distributed.checkpoint (True by default); False is refused.
+
+    Raises:
+        ValueError: `adapter_only=True`, `use_dcp=False`, a LOCAL_STATE_DICT plugin, or an
+            Accelerator that does not run FSDP (before any file is touched).
+
     Example:
-        >>> save_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "ckpt")
+        >>> save_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "ckpt")  # doctest: +SKIP
     """
     _check_layout("save_fsdp_optimizer", False, use_dcp)
     strategy = _sharded_strategy(accelerator, fsdp_plugin, "save_fsdp_optimizer")
@@ -378,8 +422,23 @@ def load_fsdp_optimizer(
     """Load into `optimizer` (of `model`, prepared with FSDP) what `save_fsdp_optimizer` wrote in
     `input_dir`. Collective.
 
+    Args:
+        fsdp_plugin (FullyShardedDataParallelPlugin): The plugin the model was prepared with
+            (`accelerator.state.fsdp_plugin`); its `state_dict_type` picks the layout.
+        accelerator (Accelerator): The Accelerator that prepared the model.
+        optimizer (torch.optim.Optimizer): The prepared optimizer to load into.
+        model (torch.nn.Module): The prepared model the optimizer steps.
+        input_dir (str): The folder `save_fsdp_optimizer` wrote into.
+        optimizer_index (int): The optimizer's number, as given when saving (0 by default).
+        adapter_only (bool): Accelerate's PEFT-adapter-only load; refused (False by default).
+        use_dcp (bool): Read through torch.distributed.checkpoint (True by default); False is refused.
+
+    Raises:
+        ValueError: `adapter_only=True`, `use_dcp=False`, a LOCAL_STATE_DICT plugin, or an
+            Accelerator that does not run FSDP (before any file is touched).
+
     Example:
-        >>> load_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "ckpt")
+        >>> load_fsdp_optimizer(accelerator.state.fsdp_plugin, accelerator, optimizer, model, "ckpt")  # doctest: +SKIP
     """
     _check_layout("load_fsdp_optimizer", adapter_only, use_dcp)
     strategy = _sharded_strategy(accelerator, fsdp_plugin, "load_fsdp_optimizer")

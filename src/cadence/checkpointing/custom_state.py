@@ -97,8 +97,30 @@ def save_accelerator_state(
     Unlike `Accelerator.save_state`, the folder gets no manifest (nothing commits it as a whole):
     use this for a hand-made training loop, `Accelerator.save_state` for a checkpoint.
 
+    Args:
+        output_dir (str | os.PathLike): The folder to write into (created if missing).
+        model_states (list[dict]): The models' state dicts, in the order they were prepared.
+        optimizers (list): The optimizers whose `state_dict()` is saved.
+        schedulers (list): The learning-rate schedulers whose `state_dict()` is saved.
+        dataloaders (list): The dataloaders; only stateful ones (torchdata) have a state to save.
+        process_index (int): This process's rank: it names its RNG file.
+        step (int): The step counter saved with the RNG states (`load_accelerator_state` returns it).
+        scaler (torch.amp.GradScaler | None): The fp16 loss scaler, if any (None by default).
+        save_on_each_node (bool): Write the shared files on each machine's main process instead of
+            the job's main process only (False by default).
+        safe_serialization (bool): Write the models as safetensors (True, the default) or with
+            `torch.save` (`pytorch_model.bin`).
+
+    Returns:
+        Path: `output_dir`.
+
     Example:
-        >>> save_accelerator_state("ckpt", [model.state_dict()], [opt], [], [], 0, step=10)
+        >>> import tempfile, torch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> folder = save_accelerator_state(tempfile.mkdtemp(), [model.state_dict()], [opt], [], [], 0, step=10)
+        >>> sorted(p.name for p in folder.iterdir())
+        ['model.safetensors', 'optimizer.bin', 'random_states_0.pkl']
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -141,8 +163,33 @@ def load_accelerator_state(
     scheduler and dataloader files, `load_model_func_kwargs` (`strict`) to the model's loading.
     Missing RNG states are logged and skipped, as in Accelerate.
 
+    Args:
+        input_dir (str | os.PathLike): The folder `save_accelerator_state` wrote into.
+        models (list): The models to load into, in the order they were saved.
+        optimizers (list): The optimizers to load into.
+        schedulers (list): The learning-rate schedulers to load into.
+        dataloaders (list): The dataloaders; stateful ones (torchdata) get their saved state.
+        process_index (int): This process's rank: it names the RNG file read.
+        scaler (torch.amp.GradScaler | None): The fp16 loss scaler to load into, if any.
+        map_location (str | None): Where model weights and optimizer states go: None or "cpu" (the
+            CPU) or "on_device" (this process's device); anything else raises TypeError.
+        load_kwargs (dict | None): Keyword arguments for loading the optimizer, scheduler and
+            dataloader files.
+        **load_model_func_kwargs: `strict` for the models' `load_state_dict`; any other name
+            raises TypeError.
+
+    Returns:
+        dict: The attributes to set on the Accelerator (`{"step": ...}` when the RNG file has it).
+
+    Raises:
+        TypeError: An unknown `map_location` or model-loading keyword.
+
     Example:
-        >>> load_accelerator_state("ckpt", [model], [opt], [], [], 0)
+        >>> import tempfile, torch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> folder = save_accelerator_state(tempfile.mkdtemp(), [model.state_dict()], [opt], [], [], 0, step=10)
+        >>> load_accelerator_state(folder, [model], [opt], [], [], 0)
         {'step': 10}
     """
     if map_location not in (None, "cpu", "on_device"):
