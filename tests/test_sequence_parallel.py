@@ -147,10 +147,21 @@ def train_sp() -> dict:
         _restore_transformers_attention(saved)
 
 
+def _run_in_fresh_workers(pool, function):
+    """Run `function` on the pool's processes, then end them: DeepSpeed keeps the Ulysses mpu and
+    its sequence groups process-wide, so a later DeepSpeed test in the same worker would find them
+    (the pool starts fresh processes at its next use)."""
+    pool.close()
+    try:
+        return pool.run(function, env=ENV, timeout=300)
+    finally:
+        pool.close()
+
+
 def test_sp2_transformers_llama_matches_one_process(dist_pool):
     from cp_helpers import largest_differences
 
-    got = dist_pool(2).run(train_sp, env=ENV, timeout=300)
+    got = _run_in_fresh_workers(dist_pool(2), train_sp)
     # Each rank read BATCH samples of its own; the adapter made them BATCH x sp micro-batches.
     assert got[0]["micro_batches"] == STEPS * BATCH
     assert got[0]["train_batch_size"] == BATCH  # micro 1 x accumulation BATCH x data-parallel 1
@@ -193,7 +204,7 @@ def sp_refusals() -> dict[str, str]:
 
 
 def test_sp_refuses_what_it_cannot_split(dist_pool):
-    got = dist_pool(2).run(sp_refusals, env=ENV, timeout=300)
+    got = _run_in_fresh_workers(dist_pool(2), sp_refusals)
     for rank, errors in enumerate(got):
         assert "layers include linear_attention" in errors["linear attention"]
         assert "Set sp_size=1" in errors["linear attention"]
