@@ -165,6 +165,12 @@ TORCH_APIS: tuple[TorchApi, ...] = (
     TorchApi("torch.utils.data.DataLoader._index_sampler", "data/loaders.py"),
     TorchApi("torch.utils.data.DataLoader._auto_collation", "data/loaders.py"),
     TorchApi("torch.utils.data.RandomSampler._num_samples", "data/prepare.py"),
+    TorchApi("torch.optim.lr_scheduler.LRScheduler._last_lr", "checkpointing/state_fit.py"),
+    TorchApi(
+        "torch.distributed.fsdp.FullyShardedDataParallel._fsdp_wrapped_module",
+        "strategies/param_remap.py",
+    ),
+    TorchApi("torch._dynamo.eval_frame.OptimizedModule._orig_mod", "strategies/param_remap.py"),
     TorchApi("torch._C", "bigmodel/dispatch.py, checkpointing/serialization.py"),
     TorchApi("torch._weights_only_unpickler", "checkpointing/serialization.py"),
     TorchApi(
