@@ -232,6 +232,21 @@ def agent_shutdown_closes_rendezvous() -> bool:
     return not torch_at_least("2.8")
 
 
+def ranks_without_a_chunk(shapes: dict[str, tuple[int, ...]], world_size: int) -> list[str]:
+    """The parameters (by name, from their unsharded `shapes`) of which FSDP1's sharded state dict
+    leaves some rank no part: it splits each one with `Tensor.chunk(world_size)` along dim 0, which
+    gives fewer chunks than ranks when dim 0 is short (a bias of 2 on 3 ranks: 1 + 1 + nothing)."""
+    import torch
+
+    short = []
+    for name, shape in shapes.items():
+        rows = shape[0] if shape else 1
+        chunks = len(torch.empty(rows, device="meta").chunk(world_size)) if rows else 1
+        if chunks < world_size:
+            short.append(name)
+    return short
+
+
 def failures_include_stopped_ranks() -> bool:
     """Whether `ChildFailedError.failures` lists the ranks the agent stopped itself (2.10 on)."""
     return torch_at_least("2.10")

@@ -165,8 +165,10 @@ def _end_process(code: int) -> None:
         shutdown()
     atexit._run_exitfuncs()
     main = sys.modules.get("__main__")
-    if main is not None:
-        main.__dict__.clear()  # the script's objects: open files flush and close, __del__ runs
+    if main is not None and main.__dict__ is not globals():
+        # The script's objects: open files flush and close, __del__ runs. (In module mode runpy
+        # has put this module back as __main__: its globals are still needed here.)
+        main.__dict__.clear()
     gc.collect()
     for stream in (sys.stdout, sys.stderr):
         try:
