@@ -90,12 +90,16 @@ def test_fsdp_checkpoint_saved_on_two_loads_on_another_number(
 ):
     directory = str(tmp_path / "ckpt")
     saved = dist_pool(2).run(save_or_load, directory, "save", version)
-    if version == 1 and processes == 3 and not torch_compat.torch_at_least(
-        torch_compat.FSDP1_UNEVEN_SHARDED_STATE
+    if (
+        version == 1
+        and processes == 3
+        and not torch_compat.torch_at_least(torch_compat.FSDP1_UNEVEN_SHARDED_STATE)
     ):
-        # torch < 2.8 cannot build the sharded state dict where a rank holds no part of a
+        # torch 2.7 cannot build the sharded state dict where a rank holds no part of a
         # parameter: every rank refuses (none waits for the one torch fails on), naming the fix.
-        for rank, outcome in enumerate(dist_pool(3).run(load_expecting_torch_refusal, directory, 1)):
+        for rank, outcome in enumerate(
+            dist_pool(3).run(load_expecting_torch_refusal, directory, 1)
+        ):
             assert outcome.startswith(f"[rank {rank}] An FSDP1 SHARDED_STATE_DICT on 3 processes")
             assert "pip install 'torch>=" in outcome and "FULL_STATE_DICT" in outcome
         return

@@ -33,13 +33,18 @@ class TorchApi:
 
 
 # Features whose torch releases before `since` give wrong results or fail: each is refused there.
+# The releases are the first ones VERIFIED right (`make test-torch`, docs/supported-versions.md):
+# 2.7.1 was wrong and 2.9.1 right; 2.8 has not been run, so it is refused too (never trained unverified).
 FSDP2_ON_GLOO = (
-    "2.8"  # fully_shard on CPU/gloo: 2.6 fails ('Stream'.record_event), 2.7 gives wrong numbers
+    "2.9"  # fully_shard on CPU/gloo: 2.6 fails ('Stream'.record_event), 2.7 wrong numbers
 )
-HSDP_ON_GLOO = "2.8"  # gloo lacks ReduceOp.AVG before 2.8 (HSDP's replicate all-reduce)
-FSDP1_UNEVEN_SHARDED_STATE = (
-    "2.8"  # a rank without a local shard: "Only single local shard" on 2.6/2.7
-)
+HSDP_ON_GLOO = "2.9"  # gloo lacks ReduceOp.AVG on 2.7 (HSDP's replicate all-reduce); right on 2.9.1
+FSDP1_UNEVEN_SHARDED_STATE = "2.9"  # a rank without a local shard: "Only single local shard" on 2.7
+# The first release verified to take a listening socket in libuv's TCPStore (2.7 cannot; 2.8 not run:
+# it gets the older server, which every declared release has).
+TCPSTORE_LIBUV_LISTEN_FD = "2.9"
+# The first release verified whose LocalElasticAgent._shutdown leaves the rendezvous open (2.7 closes it).
+AGENT_SHUTDOWN_KEEPS_RENDEZVOUS = "2.9"
 
 _ELASTIC_AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent"
 _C10D = "torch.distributed.distributed_c10d"
@@ -50,8 +55,8 @@ TORCH_APIS: tuple[TorchApi, ...] = (
     TorchApi(
         "torch.distributed.TCPStore(master_listen_fd=...)",
         "launch/rendezvous_store.py",
-        since="2.8",
-        fallback="the non-libuv server (use_libuv=False): libuv takes no listening socket before 2.8",
+        since=TCPSTORE_LIBUV_LISTEN_FD,
+        fallback="the non-libuv server (use_libuv=False): libuv takes no listening socket on 2.7",
     ),
     TorchApi(
         "torch.distributed.run --signals_to_handle",
@@ -70,8 +75,8 @@ TORCH_APIS: tuple[TorchApi, ...] = (
     TorchApi(
         f"{_ELASTIC_AGENT}._shutdown",
         "launch/elastic_agent.py",
-        since="2.8",
-        fallback="before 2.8 it also closes the rendezvous (the other nodes then die with "
+        since=AGENT_SHUTDOWN_KEEPS_RENDEZVOUS,
+        fallback="on 2.7 it also closes the rendezvous (the other nodes then die with "
         "RendezvousClosedError after one node's stop notice): the agent hides the handler's "
         "close while torch's shutdown runs; its keyword is `timeout` since 2.12, `is_restart` "
         "before: only what it takes is passed",
@@ -137,7 +142,8 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         "FSDP1 SHARDED_STATE_DICT with a rank holding no shard",
         "strategies/sharded_state.py",
         since=FSDP1_UNEVEN_SHARDED_STATE,
-        fallback="refused: 'Only single local shard is supported' on 2.6/2.7",
+        fallback="refused, on every rank before anything is written or loaded: 'Only single "
+        "local shard is supported' on 2.7",
     ),
     TorchApi("torch.distributed.algorithms._checkpoint", "strategies/fsdp1.py, fsdp_policy.py"),
     TorchApi(
@@ -213,7 +219,7 @@ def api(name: str) -> TorchApi:
 # -- the switches ---------------------------------------------------------------------------------
 def tcpstore_listen_fd_options() -> dict[str, bool]:
     """Extra TCPStore keywords for a server given its listening socket (`master_listen_fd`)."""
-    return {} if torch_at_least("2.8") else {"use_libuv": False}
+    return {} if torch_at_least(TCPSTORE_LIBUV_LISTEN_FD) else {"use_libuv": False}
 
 
 def torchrun_signal_args(names: list[str]) -> list[str]:
@@ -228,8 +234,9 @@ def agent_handles_extra_signals() -> bool:
 
 
 def agent_shutdown_closes_rendezvous() -> bool:
-    """Whether `LocalElasticAgent._shutdown` also closes the rendezvous (before 2.8)."""
-    return not torch_at_least("2.8")
+    """Whether `LocalElasticAgent._shutdown` may also close the rendezvous (it does on 2.7; the
+    agent passes `is_restart` only where `_shutdown` takes it)."""
+    return not torch_at_least(AGENT_SHUTDOWN_KEEPS_RENDEZVOUS)
 
 
 def ranks_without_a_chunk(shapes: dict[str, tuple[int, ...]], world_size: int) -> list[str]:

@@ -131,7 +131,7 @@ class SupervisingAgent(LocalElasticAgent):
         if self._why_stopping == "on a stop notice":
             self._leave()
             if agent_shutdown_closes_rendezvous() and _takes(super()._shutdown, "is_restart"):
-                # torch < 2.8 would also close the rendezvous, ending the nodes that go on.
+                # torch 2.7 would also close the rendezvous, ending the nodes that go on.
                 args, kwargs = (), {**kwargs, "is_restart": True}
         # Nothing is left alive: torch's own shutdown only closes logs and servers. Its signature
         # differs between torch releases (a `timeout` since 2.12, `is_restart` before), so only

@@ -80,7 +80,7 @@ def store_bound_to(
         wait_for_workers=False,
         multi_tenant=True,
         master_listen_fd=listener.detach(),
-        **tcpstore_listen_fd_options(),  # torch < 2.8: libuv takes no listening socket
+        **tcpstore_listen_fd_options(),  # torch 2.7: libuv takes no listening socket
     )
     try:
         yield store, None
