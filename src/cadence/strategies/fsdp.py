@@ -72,8 +72,8 @@ class FSDPStrategy(ShardedStrategy):
         refuse_before(
             FSDP2_ON_GLOO,
             "FSDP2 (fully_shard) on CPU/gloo",
-            "torch 2.6's fully_shard fails on CPU, 2.7's gives gradients that differ from one "
-            "process's, 2.8 is not verified",
+            "torch 2.6's fully_shard fails on CPU, 2.7's and 2.8's give gradients that differ "
+            "from one process's",
             "run on GPUs (NCCL), or use FSDP version 1 (fsdp_version=1)",
         )
         config = self.context.parallelism_config
@@ -81,7 +81,7 @@ class FSDPStrategy(ShardedStrategy):
             refuse_before(
                 HSDP_ON_GLOO,
                 "HSDP (dp_replicate_size > 1) on CPU/gloo",
-                "torch 2.7's gloo has no ReduceOp.AVG, 2.8 is not verified",
+                "torch 2.7's gloo has no ReduceOp.AVG, 2.8's numbers differ from one process's",
                 "run on GPUs (NCCL)",
             )
 

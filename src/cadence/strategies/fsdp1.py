@@ -95,7 +95,7 @@ class FSDP1Strategy(ShardedStrategy):
         return wrapped
 
     def _refuse_short_sharded_state(self, models: Any) -> None:
-        """torch < FSDP1_UNEVEN_SHARDED_STATE cannot build FSDP1's sharded state dict when a rank holds no part of a
+        """torch 2.7 cannot build FSDP1's sharded state dict when a rank holds no part of a
         parameter ("Only single local shard is supported", on that rank only: the others would
         wait forever). The shapes are the same on every rank, so every rank refuses, before
         anything is written or loaded."""
