@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.cadence-demo-installed
 STAMP := $(VENV)/.cadence-installed
 
-.PHONY: demo test test-xla lint format bench docs docs-screenshots
+.PHONY: demo test test-xla test-torch test-exit lint format bench docs docs-screenshots
 
 # The demo needs only torch and the package; the suite adds the test tools, the optional packages
 # whose integrations it exercises (trackers, DeepSpeed, transformers & co., Ray) and the documentation
@@ -56,6 +56,40 @@ $(XLA_STAMP): pyproject.toml
 
 test-xla: $(XLA_STAMP)
 	PJRT_DEVICE=CPU $(XLA_PY) -m pytest -q -m xla tests/xla
+
+# Optional: one declared torch version (pyproject: torch>=2.6) in its own venv, from the registry's
+# default wheel (a CUDA build with its nvidia packages; it runs on CPU): the package's dependencies,
+# the test tools of the core subset, the demo and that subset (launch, elastic, checkpoint, data, FSDP,
+# supervision). `make test-torch TORCH=2.7.1`; docs/supported-versions.md holds the results.
+TORCH ?=
+TORCH_VENV := .venv-torch-$(TORCH)
+TORCH_PY := $(TORCH_VENV)/bin/python
+TORCH_STAMP := $(TORCH_VENV)/.cadence-installed
+CORE_TESTS := tests/test_torch_compat.py tests/test_cli_launch_run.py tests/test_cli_launch_plan.py \
+	tests/test_cli_multi_machine.py tests/test_launchers.py tests/test_launch_bounds.py \
+	tests/test_launch_world_check.py tests/test_torchrun.py tests/test_rendezvous_leave.py \
+	tests/test_store_security.py tests/test_elastic_launch.py tests/test_elastic_resume.py \
+	tests/test_elastic_checkpoint.py tests/test_elastic_fsdp.py $(wildcard tests/test_checkpoint_*.py) \
+	$(wildcard tests/test_data_*.py) tests/test_fsdp.py tests/test_fsdp1.py tests/test_supervision.py \
+	tests/test_process_control.py tests/test_resume_after_kill.py tests/test_diagnostics_jobs.py \
+	tests/test_clean_exit.py
+
+$(TORCH_STAMP): pyproject.toml
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.7.1"; exit 2; }
+	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install -q torch==$(TORCH) numpy pyyaml safetensors packaging xxhash \
+		pytest pytest-xdist hypothesis
+	$(TORCH_PY) -m pip install -q --no-deps -e .
+	touch $(TORCH_STAMP)
+
+test-torch: $(TORCH_STAMP)
+	$(TORCH_VENV)/bin/cadence launch --cpu --num_processes 2 examples/train_regression.py
+	$(TORCH_PY) -m pytest -q -n 2 --dist loadfile $(CORE_TESTS)
+
+# The long form of the clean-exit check: the demo's script, 30 launches under CPU load, each must exit 0
+# (the suite runs a few of them).
+test-exit: $(STAMP)
+	CADENCE_EXIT_RUNS=30 $(PY) -m pytest -q -n 0 tests/test_clean_exit.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks compat docs/*.py

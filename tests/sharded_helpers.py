@@ -7,7 +7,18 @@ the whole global batch. `reference_training` is that one process, in plain PyTor
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+from cadence.core import torch_compat
+
+# FSDP2 on CPU/gloo with several processes is refused before torch_compat.FSDP2_ON_GLOO (torch's
+# numbers are wrong there): those tests skip, and tests/test_torch_compat.py checks the refusal.
+needs_fsdp2_on_cpu = pytest.mark.skipif(
+    not torch_compat.torch_at_least(torch_compat.FSDP2_ON_GLOO),
+    reason=f"FSDP2 on CPU/gloo is refused before torch {torch_compat.FSDP2_ON_GLOO} "
+    "(tests/test_torch_compat.py checks the refusal)",
+)
 
 FEATURES, HIDDEN, OUTPUTS = 6, 8, 2
 DATASET_SIZE = 64

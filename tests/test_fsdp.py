@@ -15,6 +15,7 @@ from sharded_helpers import (
     make_model,
     make_optimizer,
     max_difference,
+    needs_fsdp2_on_cpu,
     reference_training,
     save_state_round_trip,
     train_by_index,
@@ -97,6 +98,7 @@ CASES = [
 ]
 
 
+@needs_fsdp2_on_cpu
 @pytest.mark.parametrize("options,tolerance", CASES)
 def test_fsdp2_matches_single_process(dist_pool, options, tolerance):
     micro_batches = 4
@@ -135,6 +137,7 @@ def sharded_checkpoint_round_trip(
     return (state, files) if acc.is_main_process else (None, files)
 
 
+@needs_fsdp2_on_cpu
 @pytest.mark.parametrize("state_dict_type", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
 def test_fsdp2_checkpoint_resumes_identically(dist_pool, tmp_path, state_dict_type):
     pool = dist_pool(2)
@@ -161,6 +164,7 @@ def test_fsdp2_checkpoint_resumes_identically(dist_pool, tmp_path, state_dict_ty
         assert rank0 == {"pytorch_model_fsdp.bin", "optimizer.bin"} and not rank1
 
 
+@needs_fsdp2_on_cpu
 def test_merge_weights_command_gives_the_whole_model(dist_pool, tmp_path):
     from safetensors.torch import load_file
 
@@ -198,6 +202,7 @@ def save_consolidated(directory):
     return sorted(os.listdir(directory)) if acc.is_main_process else None
 
 
+@needs_fsdp2_on_cpu
 def test_save_model_writes_one_unsharded_safetensors_set(dist_pool, tmp_path):
     from safetensors.torch import load_file
 
@@ -213,6 +218,7 @@ def accelerator_round_trip(directory, phase, state_dict_type):
     return save_state_round_trip(acc, directory, phase, GLOBAL_BATCH, acc.process_index, 2)
 
 
+@needs_fsdp2_on_cpu
 @pytest.mark.parametrize("state_dict_type", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
 def test_save_state_and_load_state_resume_exactly(dist_pool, tmp_path, state_dict_type):
     pool = dist_pool(2)
@@ -230,6 +236,7 @@ def prepare_with_missing_layer_class():
     acc.prepare(model, optimizer)
 
 
+@needs_fsdp2_on_cpu
 def test_wrap_policy_naming_an_absent_class_fails_on_every_rank(dist_pool):
     with pytest.raises(WorkerError) as error:
         dist_pool(2).run(prepare_with_missing_layer_class, timeout=60)
@@ -299,6 +306,7 @@ REFERENCE_ENV = {
 }
 
 
+@needs_fsdp2_on_cpu
 @pytest.mark.parametrize(
     "env",
     [{"CADENCE_LAUNCH_CONFIG": json.dumps(LAUNCH_RECORD)}, REFERENCE_ENV],
@@ -310,7 +318,7 @@ def test_the_launch_settings_alone_turn_fsdp_on(dist_pool, env):
     assert max_difference(results[0][1], reference_training(GLOBAL_BATCH, 4)) < 1e-5
 
 
-@pytest.mark.parametrize("processes", ["2", "1"])
+@pytest.mark.parametrize("processes", [pytest.param("2", marks=needs_fsdp2_on_cpu), "1"])
 def test_cadence_launch_use_fsdp_runs_an_unchanged_script(tmp_path, processes):
     """CPU workers (--cpu excludes --use_fsdp, so the GPUs are hidden instead); with one process FSDP is
     kept too (the same code path as on many)."""
@@ -372,6 +380,7 @@ def train_hybrid_sharded():
     return acc.get_state_dict(model)
 
 
+@needs_fsdp2_on_cpu
 def test_hybrid_sharding_on_a_2x2_mesh(dist_pool):
     results = dist_pool(4).run(train_hybrid_sharded, timeout=180)
     assert max_difference(results[0], reference_training(GLOBAL_BATCH, 4)) < 1e-5
@@ -399,7 +408,7 @@ def train_fp16(version):
     return type(acc.scaler).__name__, acc.get_state_dict(model)
 
 
-@pytest.mark.parametrize("version", [2, 1])
+@pytest.mark.parametrize("version", [pytest.param(2, marks=needs_fsdp2_on_cpu), 1])
 def test_fp16_ranks_agree_through_a_sharded_grad_scaler(dist_pool, version):
     results = dist_pool(2).run(train_fp16, version)
     assert results[0][0] == results[1][0] == "ShardedGradScaler"

@@ -23,6 +23,13 @@ import pytest
 from cadence.diagnostics.signing import JOB_TOKEN_ENV, RecordSigner
 from cadence.runtime.hardware import local_address_towards
 
+# The outsider below finds the watchdog's keys as an attacker would, by listing the store's keys:
+# TCPStore.list_keys is newer than some declared torch releases (absent on 2.7 and 2.9).
+needs_list_keys = pytest.mark.skipif(
+    not hasattr(__import__("torch").distributed.TCPStore, "list_keys"),
+    reason="this torch's TCPStore has no list_keys (the outsider's way to find the keys)",
+)
+
 CADENCE = [sys.executable, "-m", "cadence.commands.cli"]
 
 # Each rank says where the job's store is, then trains until the test says "go on", then a few more
@@ -172,6 +179,7 @@ def test_single_machine_store_listens_on_loopback_only(tmp_path):
     assert job.returncode == 0, output
 
 
+@needs_list_keys
 def test_an_outsider_without_the_token_cannot_stop_the_job(tmp_path):
     job = _start_job(tmp_path)
     try:
@@ -189,6 +197,7 @@ def test_an_outsider_without_the_token_cannot_stop_the_job(tmp_path):
     assert 1 <= ignored <= 2, output
 
 
+@needs_list_keys
 def test_the_same_forgery_signed_with_the_job_token_does_stop_it(tmp_path):
     """Control: the forged record above is the one the watchdog acts on when it carries a valid
     signature, so the previous test shows the signature check, not a record the watchdog ignores anyway."""

@@ -7,6 +7,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.torch_compat import failures_include_stopped_ranks
+
 TRACEBACK_TAIL_LINES = 8
 # Errors a rank raises because a *peer* went away: never the root cause when another failure exists.
 _KNOCK_ON = re.compile(
@@ -172,6 +174,23 @@ def failures_from_elastic(error: Any, killed: dict[int, Any] | None = None) -> l
                 killed_by_launcher=_launcher_kill(killed.get(failure.pid)),
             )
         )
+    if not failures_include_stopped_ranks():
+        # torch < 2.10 lists only the workers that failed by themselves: add those the agent stopped.
+        listed = {failure.rank for failure in result}
+        for pid, stop in killed.items():
+            if stop.rank not in listed:
+                sig = getattr(signal.Signals, stop.signal_name, signal.SIGTERM)
+                result.append(
+                    WorkerFailure(
+                        rank=stop.rank,
+                        local_rank=stop.local_rank,
+                        exitcode=-int(sig),
+                        pid=pid,
+                        error_data=None,
+                        killed_by_launcher=_launcher_kill(stop),
+                    )
+                )
+        result.sort(key=lambda failure: failure.rank)
     return result
 
 

@@ -38,6 +38,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from ..core.torch_compat import agent_handles_extra_signals, agent_shutdown_closes_rendezvous
 from ..diagnostics.generation_env import GENERATION_ENV
 from ..diagnostics.stop_notice import (
     AGENT_PID_ENV,
@@ -50,6 +51,9 @@ from .rendezvous_leave import leave_rendezvous
 
 # Exit codes of workers that stopped on notice after committing a checkpoint.
 RESUME_CODES = frozenset({RESUME_EXIT_CODE, NODE_LEAVES_EXIT_CODE})
+
+# The signals torch elastic's process context stops the workers on, on every release.
+TORCH_HANDLED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 
 # Seconds a worker gets to end after the job failed, before SIGKILL (torch's default is 30).
 FAILURE_GRACE = 3.0
@@ -126,6 +130,9 @@ class SupervisingAgent(LocalElasticAgent):
             self._stop_processes(handlers, death_sig)
         if self._why_stopping == "on a stop notice":
             self._leave()
+            if agent_shutdown_closes_rendezvous() and _takes(super()._shutdown, "is_restart"):
+                # torch 2.7 would also close the rendezvous, ending the nodes that go on.
+                args, kwargs = (), {**kwargs, "is_restart": True}
         # Nothing is left alive: torch's own shutdown only closes logs and servers. Its signature
         # differs between torch releases (a `timeout` since 2.12, `is_restart` before), so only
         # what it takes is passed.
@@ -218,7 +225,18 @@ class SupervisingAgent(LocalElasticAgent):
         os.environ[AGENT_PID_ENV] = str(os.getpid())  # a worker's notice reaches its node this way
         started = super()._start_workers(worker_group)
         self._hook_pcontext()
+        self._handle_notice_signal()
         return started
+
+    def _handle_notice_signal(self) -> None:
+        """torch < 2.10 has no --signals_to_handle: its process context handles SIGTERM, SIGINT,
+        SIGHUP and SIGQUIT only, so a stop notice on another signal gets torch's handler here."""
+        notice = stop_signal()
+        if agent_handles_extra_signals() or notice is None or notice in TORCH_HANDLED_SIGNALS:
+            return
+        from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+
+        signal.signal(notice, _terminate_process_handler)
 
     def _generation(self) -> int:
         holder = getattr(self._rdzv_handler, "_state_holder", None)

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from ..core.torch_compat import tcpstore_listen_fd_options
+
 
 def resolve_address(host: str) -> str | None:
     """The numeric address of `host` (itself when it is numeric already), or None."""
@@ -91,6 +93,7 @@ def store_bound_to(
         wait_for_workers=False,
         multi_tenant=True,
         master_listen_fd=listener.detach(),
+        **tcpstore_listen_fd_options(),  # torch 2.7: libuv takes no listening socket
     )
     try:
         yield store, None

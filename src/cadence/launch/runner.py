@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..core.torch_compat import torchrun_signal_args
 from ..diagnostics.failure_report import (
     WorkerFailure,
     failures_from_elastic,
@@ -160,7 +161,7 @@ def _run_elastic_agent(plan: LaunchPlan) -> int:
     notice = stop_signal()  # a bad CADENCE_STOP_SIGNAL is refused before anything starts
     handled = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     names = [*handled.split(","), *([notice.name] if notice is not None else [])]
-    args = ["--signals_to_handle", ",".join(dict.fromkeys(names)), *args]
+    args = [*torchrun_signal_args(list(dict.fromkeys(names))), *args]  # torch < 2.10: the agent
     try:
         config, entrypoint, entry_args = torchrun.config_from_args(torchrun.parse_args(args))
         try:

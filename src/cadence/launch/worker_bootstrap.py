@@ -132,6 +132,52 @@ def _run_module(name: str, args: list[str]) -> None:
     runpy.run_module(name, run_name="__main__", alter_sys=True)
 
 
+def _exit_code(stop: SystemExit) -> int:
+    """The status `python` exits with for `sys.exit(code)` (a message is printed, status 1)."""
+    code = stop.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _end_process(code: int) -> None:
+    """End the worker as the interpreter's shutdown would, then exit before finalization.
+
+    Why: torch's DDP keeps the gloo process group alive in native code after
+    `destroy_process_group` (nothing Python-side holds it), so its worker threads (`pt_gloo_runloop`,
+    `gloo_tcp_loop`) outlive everything Python can end. When the interpreter finalizes while one of
+    them still drops a finished collective's tensors, that thread takes the GIL of a finalizing
+    interpreter and is unwound out of a C++ destructor: std::terminate, "terminate called without an
+    active exception", SIGABRT after training ended. Here the steps of a normal shutdown run while
+    the interpreter is fully alive, in its order (non-daemon threads joined, atexit handlers, the
+    script's globals released so open files close), and the process then ends without finalization:
+    no native thread can meet a half-torn-down interpreter.
+    """
+    import atexit
+    import gc
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)  # waits for non-daemon threads, as exit does
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    main = sys.modules.get("__main__")
+    if main is not None and main.__dict__ is not globals():
+        # The script's objects: open files flush and close, __del__ runs. (In module mode runpy
+        # has put this module back as __main__: its globals are still needed here.)
+        main.__dict__.clear()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _alias_if_asked() -> None:
     # `cadence launch --as-accelerate` (or the variable): the wheel's startup hook already did this
     # where Cadence is installed; here it also holds for a source checkout on PYTHONPATH.
@@ -158,17 +204,21 @@ def main(argv: list[str] | None = None) -> None:
             _run_module(target, args)
         else:
             _run_script(target, args)
+    except SystemExit as stop:
+        _end_process(_exit_code(stop))
     except Exception as error:
         _strip_own_frames(error)
         error_file = os.environ.get(ERROR_FILE_ENV)
         if error_file:
             write_error_file(error, error_file)
         sys.excepthook(type(error), error, error.__traceback__)
-        sys.exit(1)
+        _end_process(1)
     except KeyboardInterrupt as interrupt:
         _strip_own_frames(interrupt)
         sys.excepthook(type(interrupt), interrupt, interrupt.__traceback__)
         _die_by_sigint()
+        return
+    _end_process(0)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..core.torch_compat import FSDP2_ON_GLOO, HSDP_ON_GLOO, refuse_before
 from .fsdp_policy import (
     apply_activation_checkpointing,
     ignored_modules,
@@ -45,6 +46,7 @@ class FSDPStrategy(ShardedStrategy):
             return model
 
         plugin = self.plugin
+        self._refuse_where_torch_is_wrong()
         # Everything that can fail on bad input runs before the first collective.
         predicate = wrap_predicate(plugin, model)
         self.prepare_context_parallel(model)
@@ -64,6 +66,27 @@ class FSDPStrategy(ShardedStrategy):
         return model
 
     # -- steps of wrap_model -----------------------------------------------------------------------
+    def _refuse_where_torch_is_wrong(self) -> None:
+        """FSDP2 on CPU (gloo) before the torch release where its numbers are right: refused, never run
+        (core/torch_compat.py has the releases)."""
+        if self.context.device.type != "cpu" or not self.context.use_distributed:
+            return
+        refuse_before(
+            FSDP2_ON_GLOO,
+            "FSDP2 (fully_shard) on CPU/gloo",
+            "torch 2.6's fully_shard fails on CPU, 2.7's and 2.8's give gradients that differ "
+            "from one process's",
+            "run on GPUs (NCCL), or use FSDP version 1 (fsdp_version=1)",
+        )
+        config = self.context.parallelism_config
+        if config is not None and getattr(config, "dp_replicate_size", 1) > 1:
+            refuse_before(
+                HSDP_ON_GLOO,
+                "HSDP (dp_replicate_size > 1) on CPU/gloo",
+                "torch 2.7's gloo has no ReduceOp.AVG, 2.8's numbers differ from one process's",
+                "run on GPUs (NCCL)",
+            )
+
     def _upcast_trainable_parameters(self, model: torch.nn.Module) -> None:
         # fully_shard needs one dtype per unit; mixed precision keeps fp32 masters and casts for compute.
         if not self.precision.casts_parameters:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..core.torch_compat import FSDP1_UNEVEN_SHARDED_STATE, ranks_without_a_chunk, refuse_before
 from .fsdp_policy import ignored_modules
 from .param_remap import canonical_name, named_parameters
 from .sharded import ShardedStrategy
@@ -44,6 +45,9 @@ class FSDP1Strategy(ShardedStrategy):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._flat_of: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
+        # The unsharded shape of each parameter of each wrapped model (by id): what the sharded
+        # state dict splits across the ranks.
+        self._full_shapes: dict[int, dict[str, tuple[int, ...]]] = {}
 
     @property
     def _on_cpu(self) -> bool:
@@ -79,12 +83,49 @@ class FSDP1Strategy(ShardedStrategy):
         ignored = ignored_modules(plugin, model)
         if ignored:
             kwargs["ignored_modules"] = ignored
+        shapes = {
+            name: tuple(p.shape) for name, p in before.items()
+        }  # before sharding resizes them
         wrapped = FullyShardedDataParallel(model, **kwargs)
+        self._full_shapes[id(wrapped)] = shapes
         if plugin.activation_checkpointing:
             self._checkpoint_layers(wrapped)
         if not plugin.use_orig_params:
             self._record_flat_parameters(wrapped, before)
         return wrapped
+
+    def _refuse_short_sharded_state(self, models: Any) -> None:
+        """torch 2.7 cannot build FSDP1's sharded state dict when a rank holds no part of a
+        parameter ("Only single local shard is supported", on that rank only: the others would
+        wait forever). The shapes are the same on every rank, so every rank refuses, before
+        anything is written or loaded."""
+        if self._full_checkpoints or not dist.is_initialized():
+            return
+        world = dist.get_world_size()
+        for model in models:
+            short = ranks_without_a_chunk(self._full_shapes.get(id(model), {}), world)
+            if short:
+                refuse_before(
+                    FSDP1_UNEVEN_SHARDED_STATE,
+                    f"[rank {dist.get_rank()}] An FSDP1 SHARDED_STATE_DICT on {world} processes "
+                    f"of a model whose parameter(s) {', '.join(short[:3])}"
+                    f"{' ...' if len(short) > 3 else ''} have fewer than {world} rows",
+                    "a rank holding no part of a parameter fails in torch: 'Only single local "
+                    "shard is supported'",
+                    "use state_dict_type FULL_STATE_DICT, or fewer processes",
+                )
+
+    def save_sharded_state(self, directory: Any, models: Any, optimizers: Any) -> list[str]:
+        """As `ShardedStrategy.save_sharded_state`; refused first where torch cannot (see above)."""
+        self._refuse_short_sharded_state([self._state_model(m) for m in models])
+        return super().save_sharded_state(directory, models, optimizers)
+
+    def load_sharded_state(
+        self, directory: Any, models: Any, optimizers: Any, open_file: Any = None
+    ) -> None:
+        """As `ShardedStrategy.load_sharded_state`; refused first where torch cannot (see above)."""
+        self._refuse_short_sharded_state([self._state_model(m) for m in models])
+        super().load_sharded_state(directory, models, optimizers, open_file)
 
     def _checkpoint_layers(self, wrapped: torch.nn.Module) -> None:
         import functools

@@ -1,0 +1,88 @@
+"""A worker that finished its script exits with the script's status, every time (issue 33, item 3).
+
+torch's DDP keeps the gloo process group alive in native code after `destroy_process_group`, and its
+threads used to meet a finalizing interpreter now and then (SIGABRT, "terminate called without an
+active exception", after training had finished). The worker bootstrap now runs the interpreter's
+shutdown steps itself and ends before finalization; these tests check that it still behaves as
+`python script.py` at exit, and that the demo exits 0 under CPU load, run after run.
+
+The long form (30 runs) is opt-in: `make test-exit`, or CADENCE_EXIT_RUNS=30.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "examples" / "train_regression.py"
+RUNS = int(os.environ.get("CADENCE_EXIT_RUNS", "2"))
+
+
+def _launch(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cadence.commands.cli", "launch", "--cpu", "--quiet", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_worker_exit_keeps_what_python_does_at_exit(tmp_path):
+    """Exit status, atexit handlers, a non-daemon thread, an unclosed file: as under `python`."""
+    script = tmp_path / "ending.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import atexit, os, sys, threading, time
+            import torch.distributed  # the workers this concerns have it loaded
+            rank = os.environ.get("RANK", "0")
+            log = open(f"unclosed-{rank}.txt", "w")  # never closed: shutdown must flush it
+            log.write("written before exit")
+            atexit.register(lambda: open(f"atexit-{rank}.txt", "w").write("ran"))
+            def late():
+                time.sleep(0.5)
+                open(f"thread-{rank}.txt", "w").write("finished")
+            threading.Thread(target=late).start()  # not a daemon: exit waits for it
+            sys.exit(int(sys.argv[1]))
+            """
+        )
+    )
+    result = _launch(str(script), "3", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    for name in ("unclosed-0.txt", "atexit-0.txt", "thread-0.txt"):
+        assert (tmp_path / name).read_text() in ("written before exit", "ran", "finished"), name
+    result = _launch("--num_processes", "2", str(script), "0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "unclosed-1.txt").read_text() == "written before exit"
+    assert (tmp_path / "atexit-1.txt").read_text() == "ran"
+    assert (tmp_path / "thread-1.txt").read_text() == "finished"
+
+
+def _spin(stop) -> None:  # one busy core, until told to stop
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def test_demo_exits_zero_under_load(tmp_path):
+    """The README's demo on two processes with both cores busy: exit 0 on every run."""
+    stop = multiprocessing.Event()
+    load = [multiprocessing.Process(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
+    for process in load:
+        process.start()
+    failures = []
+    try:
+        for run in range(RUNS):
+            result = _launch("--num_processes", "2", str(DEMO), cwd=tmp_path, timeout=600)
+            if result.returncode != 0 or "learned weights" not in result.stdout:
+                failures.append(f"run {run}: exit {result.returncode}\n{result.stderr[-2000:]}")
+    finally:
+        stop.set()
+        for process in load:
+            process.join(10)
+    assert not failures, f"{len(failures)} of {RUNS} runs failed:\n" + "\n".join(failures)
