@@ -142,12 +142,15 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
 
     if wants_xla(args):  # --tpu, or a config file's distributed_type XLA: torch_xla's launcher
         return xla_launch(args, dry_run)
-    from ..launch.fault_tolerance import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
-        fault_tolerant_launch,
-        wants_fault_tolerance,
+    from ..launch.fault_tolerance_flags import (  # deferred: loaded when the command runs (keeps `cadence --help` fast)
+        wants_fault_tolerance_flags,
     )
 
-    if wants_fault_tolerance(args):  # torchft's Lighthouse and replica groups
+    if wants_fault_tolerance_flags(args):  # torchft's Lighthouse and replica groups
+        from ..launch.fault_tolerance import (  # deferred: imports torch (the plugin's record)
+            fault_tolerant_launch,
+        )
+
         return fault_tolerant_launch(args, dry_run)
     plan = build_plan(args)
     if dry_run:

@@ -162,6 +162,51 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         "torch.distributed.checkpoint.format_utils._EmptyStateDictLoadPlanner",
         "strategies/sharded_state.py",
     ),
+    # -- context parallelism --------------------------------------------------------------------
+    TorchApi(
+        "torch.distributed.tensor.experimental._attention",
+        "strategies/context_parallel.py",
+        fallback="its set_rotate_method (allgather / alltoall), set on each entry "
+        "because torch keeps it in a global",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="context parallelism on CPU maps the CPU flash-attention op onto its ring-attention "
+        "functions on the releases listed in SUPPORTED_TORCH only, and only when the names exist; "
+        "elsewhere `Accelerator(...)` refuses cp on CPU naming the version (CUDA is unaffected)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel._attention._templated_ring_attention",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="see the row above (the forward of torch's ring attention)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel._attention._templated_ring_attention_backward",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="see the row above (its backward)",
+    ),
+    TorchApi(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="the CPU attention kernel that context parallelism on CPU shards (see above)",
+    ),
+    TorchApi(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="its backward (see above)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.DTensor._op_dispatcher",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="its custom-op handlers register the CPU attention op (see the row above)",
+    ),
     # -- modules, data, serialization ---------------------------------------------------------------
     TorchApi("torch.nn.Module._load_from_state_dict", "checkpointing/state_fit.py"),
     TorchApi("torch.nn.Module._load_state_dict_pre_hooks", "checkpointing/state_fit.py"),

@@ -8,8 +8,16 @@ exactly-once loader load only when fault tolerance is on, so torchft stays an op
 
 from __future__ import annotations
 
-from .config import FaultToleranceConfig, resolve_fault_tolerance, torchft_missing_message
-from .start import start_fault_tolerance
+from ..core.lazy_exports import lazy_exports
+
+# Resolved on first use: the launcher's parser reads `defaults` without importing torch.
+_EXPORTS = {
+    "FaultToleranceConfig": "cadence.fault_tolerance.config",
+    "resolve_fault_tolerance": "cadence.fault_tolerance.config",
+    "torchft_missing_message": "cadence.fault_tolerance.config",
+    "start_fault_tolerance": "cadence.fault_tolerance.start",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "FaultToleranceConfig",

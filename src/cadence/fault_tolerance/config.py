@@ -8,12 +8,11 @@ from typing import Any
 
 from ..core.settings import resolve
 from ..options.dataclasses import KwargsHandler
+from .defaults import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_QUORUM_TIMEOUT
 
-# Defaults that bring the survivors back to committing within about 2 s of a group's death: the
-# Lighthouse drops a group whose heartbeats stopped for `heartbeat_timeout` seconds, and forms the
-# next quorum at its next tick (0.1 s).
-DEFAULT_HEARTBEAT_TIMEOUT = 1.0
-DEFAULT_QUORUM_TIMEOUT = 60.0
+# The timeouts' defaults (defaults.py) bring the survivors back to committing within about 2 s of
+# a group's death: the Lighthouse drops a group whose heartbeats stopped for `heartbeat_timeout`
+# seconds, and forms the next quorum at its next tick (0.1 s).
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MAX_RESTARTS = 3
 

@@ -30,7 +30,7 @@ from ..fault_tolerance.config import (
 )
 from .args import build_launch_parser
 from .banner import format_banner, format_dry_run
-from .fault_tolerance_flags import FT_FLAGS
+from .fault_tolerance_flags import FT_FLAGS, wants_fault_tolerance_flags
 from .plan import build_plan
 from .runner import run_plan
 from .settings import LaunchPlanError
@@ -47,7 +47,7 @@ JOIN_TIMEOUT_MS = 30_000
 
 def wants_fault_tolerance(args: argparse.Namespace) -> bool:
     """Whether `args` asks for fault tolerance (any of its flags given)."""
-    return any(name in vars(args) for name in FT_FLAGS)
+    return wants_fault_tolerance_flags(args)
 
 
 def _say(text: str) -> None:

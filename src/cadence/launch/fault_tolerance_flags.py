@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..fault_tolerance.config import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_QUORUM_TIMEOUT
+from ..fault_tolerance.defaults import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_QUORUM_TIMEOUT
 
 FT_FLAGS = (
     "fault_tolerance",
@@ -39,3 +39,9 @@ def add_fault_tolerance_flags(parser: argparse.ArgumentParser, add: Any) -> None
         help=f"Seconds without a heartbeat before a group counts as lost (default: {DEFAULT_HEARTBEAT_TIMEOUT:g}).")  # fmt: skip
     add(group, "--quorum_timeout", type=float,
         help=f"Seconds a step waits for a quorum before failing (default: {DEFAULT_QUORUM_TIMEOUT:g}).")  # fmt: skip
+
+
+def wants_fault_tolerance_flags(args: argparse.Namespace) -> bool:
+    """Whether `args` asks for fault tolerance (any of its flags given); here, so that a launch
+    without it decides that without importing the fault-tolerance launcher (and torch)."""
+    return any(name in vars(args) for name in FT_FLAGS)

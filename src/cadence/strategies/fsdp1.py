@@ -115,17 +115,19 @@ class FSDP1Strategy(ShardedStrategy):
                     "use state_dict_type FULL_STATE_DICT, or fewer processes",
                 )
 
-    def save_sharded_state(self, directory: Any, models: Any, optimizers: Any) -> list[str]:
+    def save_sharded_state(
+        self, directory: Any, models: Any, optimizers: Any, **layout: Any
+    ) -> list[str]:
         """As `ShardedStrategy.save_sharded_state`; refused first where torch cannot (see above)."""
         self._refuse_short_sharded_state([self._state_model(m) for m in models])
-        return super().save_sharded_state(directory, models, optimizers)
+        return super().save_sharded_state(directory, models, optimizers, **layout)
 
     def load_sharded_state(
-        self, directory: Any, models: Any, optimizers: Any, open_file: Any = None
+        self, directory: Any, models: Any, optimizers: Any, open_file: Any = None, **layout: Any
     ) -> None:
         """As `ShardedStrategy.load_sharded_state`; refused first where torch cannot (see above)."""
         self._refuse_short_sharded_state([self._state_model(m) for m in models])
-        super().load_sharded_state(directory, models, optimizers, open_file)
+        super().load_sharded_state(directory, models, optimizers, open_file, **layout)
 
     def _checkpoint_layers(self, wrapped: torch.nn.Module) -> None:
         import functools
