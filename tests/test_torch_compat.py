@@ -41,6 +41,7 @@ NOT_TORCH = {
     "_no_split_modules": "transformers",
     "_tied_weights_keys": "transformers",
     "_tp_plan": "transformers",
+    "_attn_implementation": "transformers (a model config's attention implementation)",
     "_zero3_consolidated_16bit_state_dict": "deepspeed",
     "_get_device_type": "habana_frameworks",
 }

@@ -162,6 +162,49 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         "torch.distributed.checkpoint.format_utils._EmptyStateDictLoadPlanner",
         "strategies/sharded_state.py",
     ),
+    # -- context parallelism --------------------------------------------------------------------
+    TorchApi(
+        "torch.distributed.tensor.experimental._attention",
+        "strategies/context_parallel.py",
+        fallback="none needed: set_rotate_method is there from 2.6 (checked on 2.6.0)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="context parallelism on CPU refused (cp_cpu_attention.SUPPORTED_TORCH: the exact "
+        "releases its ring-attention mapping was checked on; the module is absent on 2.6); CUDA "
+        "is not affected",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.DTensor._op_dispatcher",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="used only by context parallelism on CPU, refused before (see _context_parallel)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel._attention._templated_ring_attention",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="used only by context parallelism on CPU, refused before (see _context_parallel)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel._attention."
+        "_templated_ring_attention_backward",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="used only by context parallelism on CPU, refused before (see _context_parallel)",
+    ),
+    TorchApi(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+        "strategies/cp_cpu_attention.py",
+        fallback="none needed (present on 2.6.0); mapped to ring attention only from 2.13",
+    ),
+    TorchApi(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
+        "strategies/cp_cpu_attention.py",
+        fallback="none needed (present on 2.6.0); mapped to ring attention only from 2.13",
+    ),
     # -- modules, data, serialization ---------------------------------------------------------------
     TorchApi("torch.nn.Module._load_from_state_dict", "checkpointing/state_fit.py"),
     TorchApi("torch.nn.Module._load_state_dict_pre_hooks", "checkpointing/state_fit.py"),
