@@ -243,6 +243,17 @@ def test_fsdp2_on_cpu_is_refused_where_torch_is_wrong(dist_pool):
             assert outcome == "prepared"
 
 
+def test_fsdp2_on_one_cpu_process_is_refused_where_fully_shard_fails(dist_pool):
+    """Before FSDP2_ON_CPU (2.6) fully_shard fails on CPU even on one process: refused there too."""
+    (outcome,) = dist_pool(1).run(_prepare_fsdp2)
+    if torch_compat.torch_at_least(torch_compat.FSDP2_ON_CPU):
+        assert outcome == "prepared"
+    else:
+        assert outcome.startswith("refused: FSDP2 (fully_shard) on CPU needs torch >= 2.7; "), (
+            outcome
+        )
+
+
 def _prepare_fsdp2() -> str:
     import torch
 

@@ -37,6 +37,9 @@ class TorchApi:
 # fully_shard on CPU/gloo: 2.6 fails ('Stream'.record_event); 2.7.1 and 2.8.0 give gradients that
 # differ from one process's (fp32 3.7e-5, bf16 0.20, fp16 0.37); 2.9.1 equals one process.
 FSDP2_ON_GLOO = "2.9"
+# fully_shard on CPU at all, one process included: 2.6 calls Stream.record_event, which a CPU stream
+# lacks ("'Stream' object has no attribute 'record_event'"); 2.7.1 runs one process.
+FSDP2_ON_CPU = "2.7"
 HSDP_ON_GLOO = "2.9"  # 2.7: gloo lacks ReduceOp.AVG; 2.8.0: numbers differ; 2.9.1 right
 # FSDP1's sharded state dict with a rank holding no part of a parameter: "Only single local shard"
 # on 2.7.1; 2.8.0 and 2.9.1 save and load it exactly (3 processes).
@@ -132,6 +135,13 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         since=FSDP2_ON_GLOO,
         fallback="refused on CPU/gloo (2.6: fully_shard fails; 2.7, 2.8: gradients differ from "
         "one process's); a GPU (NCCL) is not affected",
+    ),
+    TorchApi(
+        "torch.distributed.fsdp.fully_shard on CPU (one process)",
+        "strategies/fsdp.py",
+        since=FSDP2_ON_CPU,
+        fallback="refused on CPU, one process included: 2.6's fully_shard calls "
+        "Stream.record_event, which a CPU stream lacks",
     ),
     TorchApi(
         "HSDP (fully_shard on a 2-D mesh) on gloo",
