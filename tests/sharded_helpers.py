@@ -20,6 +20,13 @@ needs_fsdp2_on_cpu = pytest.mark.skipif(
     "(tests/test_torch_compat.py checks the refusal)",
 )
 
+# fully_shard on CPU at all (one process included) is refused before torch_compat.FSDP2_ON_CPU.
+needs_fsdp2_on_one_cpu = pytest.mark.skipif(
+    not torch_compat.torch_at_least(torch_compat.FSDP2_ON_CPU),
+    reason=f"FSDP2 on CPU is refused before torch {torch_compat.FSDP2_ON_CPU} "
+    "(tests/test_torch_compat.py checks the refusal)",
+)
+
 FEATURES, HIDDEN, OUTPUTS = 6, 8, 2
 DATASET_SIZE = 64
 FP16_INIT_SCALE = 16.0

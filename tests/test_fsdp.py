@@ -16,6 +16,7 @@ from sharded_helpers import (
     make_optimizer,
     max_difference,
     needs_fsdp2_on_cpu,
+    needs_fsdp2_on_one_cpu,
     reference_training,
     save_state_round_trip,
     train_by_index,
@@ -318,7 +319,10 @@ def test_the_launch_settings_alone_turn_fsdp_on(dist_pool, env):
     assert max_difference(results[0][1], reference_training(GLOBAL_BATCH, 4)) < 1e-5
 
 
-@pytest.mark.parametrize("processes", [pytest.param("2", marks=needs_fsdp2_on_cpu), "1"])
+@pytest.mark.parametrize(
+    "processes",
+    [pytest.param("2", marks=needs_fsdp2_on_cpu), pytest.param("1", marks=needs_fsdp2_on_one_cpu)],
+)
 def test_cadence_launch_use_fsdp_runs_an_unchanged_script(tmp_path, processes):
     """CPU workers (--cpu excludes --use_fsdp, so the GPUs are hidden instead); with one process FSDP is
     kept too (the same code path as on many)."""
@@ -447,6 +451,7 @@ def fsdp2_at_world_size_one(directory: str, phase: str):
     return acc.get_state_dict(model)
 
 
+@needs_fsdp2_on_one_cpu
 def test_fsdp2_at_world_size_one_keeps_the_fsdp_path_and_layout(dist_pool, tmp_path):
     pool = dist_pool(1)
     saved = pool.run(fsdp2_at_world_size_one, str(tmp_path), "save")[0]

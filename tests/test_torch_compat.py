@@ -26,7 +26,6 @@ PACKAGE = Path(torch_compat.__file__).resolve().parents[1]
 
 # Private names Cadence reads that are not torch's: the library they belong to.
 NOT_TORCH = {
-    "_attn_implementation": "transformers",
     "_ArgumentGroup": "argparse",
     "_SubParsersAction": "argparse",
     "_action_groups": "argparse",
@@ -42,6 +41,7 @@ NOT_TORCH = {
     "_no_split_modules": "transformers",
     "_tied_weights_keys": "transformers",
     "_tp_plan": "transformers",
+    "_attn_implementation": "transformers (a model config's attention implementation)",
     "_zero3_consolidated_16bit_state_dict": "deepspeed",
     "_get_device_type": "habana_frameworks",
 }
@@ -238,9 +238,22 @@ def test_fsdp2_on_cpu_is_refused_where_torch_is_wrong(dist_pool):
     refused = not torch_compat.torch_at_least(torch_compat.FSDP2_ON_GLOO)
     for outcome in results:
         if refused:
-            assert outcome.startswith("refused: FSDP2 (fully_shard) on CPU/gloo needs torch >= ")
+            # 2.6 stops at the one-process refusal (FSDP2_ON_CPU), 2.7 and 2.8 at the gloo one.
+            assert outcome.startswith("refused: FSDP2 (fully_shard) on CPU"), outcome
+            assert "needs torch >= " in outcome and "pip install 'torch>=" in outcome
         else:
             assert outcome == "prepared"
+
+
+def test_fsdp2_on_one_cpu_process_is_refused_where_fully_shard_fails(dist_pool):
+    """Before FSDP2_ON_CPU (2.6) fully_shard fails on CPU even on one process: refused there too."""
+    (outcome,) = dist_pool(1).run(_prepare_fsdp2)
+    if torch_compat.torch_at_least(torch_compat.FSDP2_ON_CPU):
+        assert outcome == "prepared"
+    else:
+        assert outcome.startswith("refused: FSDP2 (fully_shard) on CPU needs torch >= 2.7; "), (
+            outcome
+        )
 
 
 def _prepare_fsdp2() -> str:

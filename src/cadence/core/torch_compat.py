@@ -37,6 +37,9 @@ class TorchApi:
 # fully_shard on CPU/gloo: 2.6 fails ('Stream'.record_event); 2.7.1 and 2.8.0 give gradients that
 # differ from one process's (fp32 3.7e-5, bf16 0.20, fp16 0.37); 2.9.1 equals one process.
 FSDP2_ON_GLOO = "2.9"
+# fully_shard on CPU at all, one process included: 2.6 calls Stream.record_event, which a CPU stream
+# lacks ("'Stream' object has no attribute 'record_event'"); 2.7.1 runs one process.
+FSDP2_ON_CPU = "2.7"
 HSDP_ON_GLOO = "2.9"  # 2.7: gloo lacks ReduceOp.AVG; 2.8.0: numbers differ; 2.9.1 right
 # FSDP1's sharded state dict with a rank holding no part of a parameter: "Only single local shard"
 # on 2.7.1; 2.8.0 and 2.9.1 save and load it exactly (3 processes).
@@ -134,6 +137,13 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         "one process's); a GPU (NCCL) is not affected",
     ),
     TorchApi(
+        "torch.distributed.fsdp.fully_shard on CPU (one process)",
+        "strategies/fsdp.py",
+        since=FSDP2_ON_CPU,
+        fallback="refused on CPU, one process included: 2.6's fully_shard calls "
+        "Stream.record_event, which a CPU stream lacks",
+    ),
+    TorchApi(
         "HSDP (fully_shard on a 2-D mesh) on gloo",
         "strategies/fsdp.py",
         since=HSDP_ON_GLOO,
@@ -166,46 +176,44 @@ TORCH_APIS: tuple[TorchApi, ...] = (
     TorchApi(
         "torch.distributed.tensor.experimental._attention",
         "strategies/context_parallel.py",
-        fallback="its set_rotate_method (allgather / alltoall), set on each entry "
-        "because torch keeps it in a global",
+        fallback="none needed: set_rotate_method is there from 2.6 (checked on 2.6.0)",
     ),
     TorchApi(
         "torch.distributed.tensor.experimental._context_parallel",
         "strategies/cp_cpu_attention.py",
         since="2.13",
-        fallback="context parallelism on CPU maps the CPU flash-attention op onto its ring-attention "
-        "functions on the releases listed in SUPPORTED_TORCH only, and only when the names exist; "
-        "elsewhere `Accelerator(...)` refuses cp on CPU naming the version (CUDA is unaffected)",
-    ),
-    TorchApi(
-        "torch.distributed.tensor.experimental._context_parallel._attention._templated_ring_attention",
-        "strategies/cp_cpu_attention.py",
-        since="2.13",
-        fallback="see the row above (the forward of torch's ring attention)",
-    ),
-    TorchApi(
-        "torch.distributed.tensor.experimental._context_parallel._attention._templated_ring_attention_backward",
-        "strategies/cp_cpu_attention.py",
-        since="2.13",
-        fallback="see the row above (its backward)",
-    ),
-    TorchApi(
-        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
-        "strategies/cp_cpu_attention.py",
-        since="2.13",
-        fallback="the CPU attention kernel that context parallelism on CPU shards (see above)",
-    ),
-    TorchApi(
-        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
-        "strategies/cp_cpu_attention.py",
-        since="2.13",
-        fallback="its backward (see above)",
+        fallback="context parallelism on CPU refused (cp_cpu_attention.SUPPORTED_TORCH: the exact "
+        "releases its ring-attention mapping was checked on; the module is absent on 2.6); CUDA "
+        "is not affected",
     ),
     TorchApi(
         "torch.distributed.tensor.DTensor._op_dispatcher",
         "strategies/cp_cpu_attention.py",
         since="2.13",
-        fallback="its custom-op handlers register the CPU attention op (see the row above)",
+        fallback="used only by context parallelism on CPU, refused before (see _context_parallel)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel._attention._templated_ring_attention",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="used only by context parallelism on CPU, refused before (see _context_parallel)",
+    ),
+    TorchApi(
+        "torch.distributed.tensor.experimental._context_parallel._attention."
+        "_templated_ring_attention_backward",
+        "strategies/cp_cpu_attention.py",
+        since="2.13",
+        fallback="used only by context parallelism on CPU, refused before (see _context_parallel)",
+    ),
+    TorchApi(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+        "strategies/cp_cpu_attention.py",
+        fallback="none needed (present on 2.6.0); mapped to ring attention only from 2.13",
+    ),
+    TorchApi(
+        "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
+        "strategies/cp_cpu_attention.py",
+        fallback="none needed (present on 2.6.0); mapped to ring attention only from 2.13",
     ),
     # -- modules, data, serialization ---------------------------------------------------------------
     TorchApi("torch.nn.Module._load_from_state_dict", "checkpointing/state_fit.py"),

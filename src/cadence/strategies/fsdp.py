@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..core.torch_compat import FSDP2_ON_GLOO, HSDP_ON_GLOO, refuse_before
+from ..core.torch_compat import FSDP2_ON_CPU, FSDP2_ON_GLOO, HSDP_ON_GLOO, refuse_before
 from .fsdp_policy import (
     apply_activation_checkpointing,
     ignored_modules,
@@ -69,7 +69,15 @@ class FSDPStrategy(ShardedStrategy):
     def _refuse_where_torch_is_wrong(self) -> None:
         """FSDP2 on CPU (gloo) before the torch release where its numbers are right: refused, never run
         (core/torch_compat.py has the releases)."""
-        if self.context.device.type != "cpu" or not self.context.use_distributed:
+        if self.context.device.type != "cpu":
+            return
+        refuse_before(
+            FSDP2_ON_CPU,
+            "FSDP2 (fully_shard) on CPU",
+            "torch 2.6's fully_shard calls Stream.record_event, which a CPU stream lacks",
+            "run on GPUs, or use FSDP version 1 (fsdp_version=1)",
+        )
+        if not self.context.use_distributed:
             return
         refuse_before(
             FSDP2_ON_GLOO,
