@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "train_regression.py"
-RUNS = int(os.environ.get("CADENCE_EXIT_RUNS", "2"))
+RUNS = int(os.environ.get("CADENCE_EXIT_RUNS", "1"))
 
 
 def _launch(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

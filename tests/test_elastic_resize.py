@@ -10,14 +10,10 @@ between them; the position a single process saves still replays its epoch's orde
 from __future__ import annotations
 
 import collections
-import json
-import signal
 import textwrap
 
 import pytest
-from elastic_helpers import launch_local, start_node, stop_all, wait_until
-
-from harness import free_port
+from elastic_helpers import launch_local
 
 SIZE, BATCH, SAVED_AFTER, ACCUMULATION = 96, 4, 4, 3
 
@@ -99,103 +95,3 @@ def test_saved_on_one_process_resumes_on_more_with_every_sample_once(saved_on_on
 # commits a checkpoint at the step boundary, the new round of 2 loads it with load_state() and
 # finishes the epoch. Each rank logs the sample ids of every step. (Before the fix: the rest of
 # epoch 0 repeated and skipped samples.)
-JOIN_SCRIPT = textwrap.dedent(
-    """
-    import json, os, sys, time
-    import torch
-    torch.set_num_threads(1)
-    from cadence import Accelerator
-    from cadence.utils import ProjectConfiguration, set_seed
-
-    project, EPOCHS, SIZE = sys.argv[1], 2, 64
-    os.makedirs(project, exist_ok=True)
-
-    class Progress:
-        def __init__(self):
-            self.epoch, self.step = 0, 0
-        def state_dict(self):
-            return {"epoch": self.epoch, "step": self.step}
-        def load_state_dict(self, state):
-            self.epoch, self.step = state["epoch"], state["step"]
-
-    set_seed(0)
-    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=3)
-    acc = Accelerator(cpu=True, project_config=config)
-    model = torch.nn.Linear(1, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(list(range(SIZE)), batch_size=2, shuffle=True)
-    model, opt, loader = acc.prepare(model, opt, loader)
-    progress = Progress()
-    acc.register_for_checkpointing(progress)
-    if os.path.isdir(os.path.join(project, "checkpoints")):
-        acc.load_state()
-        if acc.is_main_process:
-            print(f"resumed at epoch {progress.epoch}, world size {acc.num_processes}", flush=True)
-    log = open(os.path.join(project, f"log-{acc.process_index}-{os.getpid()}.jsonl"), "a")
-    while progress.epoch < EPOCHS:
-        for batch in loader:
-            loss = model(batch.float().unsqueeze(1)).pow(2).mean()
-            acc.backward(loss)
-            opt.step()
-            opt.zero_grad()
-            progress.step += 1
-            record = {"epoch": progress.epoch, "step": progress.step, "samples": batch.tolist(),
-                      "world": acc.num_processes, "rank": acc.process_index,
-                      "last": loader.end_of_dataloader, "time": time.time()}
-            log.write(json.dumps(record) + "\\n")
-            log.flush()
-            if progress.step % 4 == 0:
-                acc.save_state()
-            # Alone, node a trains slowly after its 4th step, so that node b joins mid-epoch.
-            time.sleep(2.5 if acc.num_processes == 1 and progress.step > 4 else 0.2)
-        progress.epoch += 1
-    acc.save_state()  # the finished state: a restart after the end has nothing left to do
-    if acc.is_main_process:
-        print("finished", flush=True)
-    """
-)
-
-
-@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals needed")
-def test_a_node_joining_a_shuffled_run_trains_every_sample_once(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(JOIN_SCRIPT)
-    port = free_port()
-
-    def records() -> list[dict]:
-        found = []
-        for path in (tmp_path / "project").glob("log-*.jsonl"):
-            found += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return sorted(found, key=lambda r: r["time"])
-
-    first = start_node(tmp_path, port, "a", script)
-    second = None
-    try:
-        started = lambda: len(records()) >= 4 or first.poll() is not None  # noqa: E731
-        assert wait_until(started, limit=120) and first.poll() is None, (
-            "node a never trained:\n" + (tmp_path / "a.out").read_text()
-        )
-        second = start_node(tmp_path, port, "b", script)
-        assert first.wait(timeout=180) == 0, (tmp_path / "a.out").read_text()
-        assert second.wait(timeout=60) == 0, (tmp_path / "b.out").read_text()
-    finally:
-        stop_all(first, *([second] if second else []))
-    out_a = (tmp_path / "a.out").read_text()
-    assert "world size 1 -> 2" in out_a, out_a
-    logged = records()
-    assert logged[0]["world"] == 1 and logged[-1]["world"] == 2
-    joined_in = next(r["epoch"] for r in logged if r["world"] == 2)
-    assert joined_in == 0, "node b joined after epoch 0: the test saw no join mid-epoch"
-    for epoch in range(2):
-        of_epoch = [r for r in logged if r["epoch"] == epoch]
-        counts = collections.Counter(s for r in of_epoch for s in r["samples"])
-        assert sorted(counts) == list(range(64)), f"epoch {epoch}: samples never trained"
-        # The only repeats: even_batches' padding of the epoch's last step (at world size 2).
-        padding = collections.Counter(
-            s for r in of_epoch if r["last"] and r["world"] == 2 for s in r["samples"]
-        )
-        redone = {s: n for s, n in counts.items() if n > 1}
-        assert all(n - 1 <= padding[s] for s, n in redone.items()), (
-            f"epoch {epoch}: samples trained more than once: {sorted(redone)}"
-        )
-        assert sum(n - 1 for n in redone.values()) <= 2  # at most one batch of padding
