@@ -156,6 +156,10 @@ def _end_process(code: int) -> None:
     script's globals released so open files close), and the process then ends without finalization:
     no native thread can meet a half-torn-down interpreter.
     """
+    if os.environ.get("CADENCE_FINALIZE_AT_EXIT", "").strip().lower() in ("1", "true", "yes", "on"):
+        # The switch back to a plain Python exit, interpreter finalization included
+        # (docs/differences.md).
+        raise SystemExit(code)
     import atexit
     import gc
     import threading
