@@ -136,6 +136,18 @@ def anchor(entry: Entry) -> str:
     return f'<a id="{entry.path}"></a>'
 
 
+def has_method_mixins(imported: object, row: Entry, primary: dict[str, str]) -> bool:
+    """Whether the class takes methods from Cadence base classes that are not public themselves (the
+    Accelerator's methods live in such bases, one per concern): its page then shows them."""
+    value = getattr(imported, row.name, None)
+    if not inspect.isclass(value):
+        return False
+    return any(
+        base.__module__.startswith("cadence.") and home_of(base) not in primary
+        for base in value.__bases__
+    )
+
+
 def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
     """The Markdown of one public module's page."""
     imported = import_quietly(module)
@@ -167,6 +179,11 @@ def module_page(module: str, rows: list[Entry], primary: dict[str, str]) -> str:
             "      show_root_heading: true",
             "      show_root_full_path: false",
             "      heading_level: 2",
+            *(
+                ["      inherited_members: true"]
+                if has_method_mixins(imported, row, primary)
+                else []
+            ),
             "",
         ]
     if elsewhere:

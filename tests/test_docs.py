@@ -333,6 +333,11 @@ def test_the_most_read_names_are_complete() -> None:
 MOST_READ = (  # `module:Qualname` prefixes
     "cadence.accelerator.facade:Accelerator",
     "cadence.accelerator.checkpoint_methods:CheckpointMethods",
+    "cadence.accelerator.state_attributes:StateAttributes",
+    "cadence.accelerator.training_loop_methods:TrainingLoopMethods",
+    "cadence.accelerator.model_methods:ModelMethods",
+    "cadence.accelerator.process_methods:ProcessMethods",
+    "cadence.accelerator.tracking_methods:TrackingMethods",
     "cadence.runtime.state:PartialState",
     "cadence.runtime.state:AcceleratorState",
     "cadence.runtime.gradient_state:GradientState",
@@ -394,9 +399,15 @@ sys.exit(1 if failed else 0)
 
 def test_the_docstrings_have_examples() -> None:
     keys = docstring_examples()
-    for name in ("prepare", "accumulate", "backward", "gather_for_metrics", "main_process_first"):
-        assert f"cadence.accelerator.facade:Accelerator.{name}" in keys, name
-    assert "cadence.accelerator.checkpoint_methods:CheckpointMethods.save_state" in keys
+    for key in (
+        "facade:Accelerator.prepare",
+        "training_loop_methods:TrainingLoopMethods.accumulate",
+        "training_loop_methods:TrainingLoopMethods.backward",
+        "process_methods:ProcessMethods.gather_for_metrics",
+        "process_methods:ProcessMethods.main_process_first",
+        "checkpoint_methods:CheckpointMethods.save_state",
+    ):
+        assert f"cadence.accelerator.{key}" in keys, key
 
 
 @pytest.mark.parametrize("half", [0, 1])
