@@ -339,6 +339,7 @@ MOST_READ = (  # `module:Qualname` prefixes
     "cadence.accelerator.process_methods:ProcessMethods",
     "cadence.accelerator.tracking_methods:TrackingMethods",
     "cadence.runtime.state:PartialState",
+    "cadence.runtime.execution_control:ExecutionControl",
     "cadence.runtime.state:AcceleratorState",
     "cadence.runtime.gradient_state:GradientState",
     "cadence.bigmodel.empty_init:init_empty_weights",
