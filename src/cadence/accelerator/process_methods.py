@@ -116,10 +116,10 @@ class ProcessMethods:
         """Decorator: run the decorated function only on the main process (it returns None elsewhere).
 
         Args:
-            function (Callable | None): The function to decorate.
+            function (Callable | None): What to run on rank 0.
 
         Returns:
-            Callable: The decorated function.
+            Callable: `function`, returning None on the other processes.
 
         Example:
             >>> from cadence import Accelerator
@@ -136,10 +136,10 @@ class ProcessMethods:
         """Decorator: run the decorated function only on each machine's local main process.
 
         Args:
-            function (Callable | None): The function to decorate.
+            function (Callable | None): What to run on local rank 0 of each machine.
 
         Returns:
-            Callable: The decorated function.
+            Callable: `function`, returning None on the other processes.
         """
         return self.state.partial_state.on_local_main_process(function)
 
@@ -147,10 +147,10 @@ class ProcessMethods:
         """Decorator: run the decorated function only on the last process.
 
         Args:
-            function (Callable | None): The function to decorate.
+            function (Callable | None): What to run on rank `num_processes - 1`.
 
         Returns:
-            Callable: The decorated function.
+            Callable: `function`, returning None on the other processes.
         """
         return self.state.partial_state.on_last_process(function)
 
@@ -160,12 +160,12 @@ class ProcessMethods:
         """Decorator: run the decorated function only on the process of rank `process_index`.
 
         Args:
-            function (Callable | None): The function to decorate; None returns a decorator (write
-                `@accelerator.on_process(process_index=1)`).
+            function (Callable | None): What to run; leave it out to get a decorator
+                (`@accelerator.on_process(process_index=1)`).
             process_index (int | None): The global rank that runs it.
 
         Returns:
-            Callable: The decorated function, or a decorator when `function` is None.
+            Callable: `function`, returning None on the other ranks; a decorator without `function`.
         """
         return self.state.partial_state.on_process(function, process_index=process_index)
 
@@ -178,12 +178,12 @@ class ProcessMethods:
         """Decorator: run the decorated function only on local rank `local_process_index` of each machine.
 
         Args:
-            function (Callable | None): The function to decorate; None returns a decorator.
-            local_process_index (int | None): The local rank that runs it.
+            function (Callable | None): What to run; leave it out to get a decorator.
+            local_process_index (int | None): The local rank that runs it on each machine.
             **kwargs: Accelerate's spelling `local_process_idx=` is accepted for `local_process_index`.
 
         Returns:
-            Callable: The decorated function, or a decorator when `function` is None.
+            Callable: `function`, returning None on the other ranks; a decorator without `function`.
         """
         return self.state.partial_state.on_local_process(
             function, local_process_index=local_process_index, **kwargs
