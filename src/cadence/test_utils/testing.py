@@ -267,3 +267,16 @@ def are_the_same_tensors(tensor: torch.Tensor) -> bool:
 
 # Keep pytest from collecting helpers whose names start with "test".
 __test__ = False
+
+
+def __getattr__(name: str) -> Any:
+    """Names this module imported before the skip decorators moved out (the availability checks,
+    `is_torch_version`, ...): still reachable here, as code written against Accelerate's `testing`
+    module may import them from it."""
+    # deferred: only a name missing above reaches this, and both modules are already loaded
+    from . import device_requirements, package_requirements
+
+    for module in (device_requirements, package_requirements):
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
