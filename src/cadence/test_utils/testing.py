@@ -22,6 +22,7 @@ from ..core.availability import is_pytest_available
 from ..core.environment import str_to_bool
 from ..runtime.collectives import gather
 from ..runtime.state import AcceleratorState, GradientState
+from . import device_requirements, package_requirements
 from .device_requirements import device_count as device_count
 from .device_requirements import get_backend as get_backend
 from .device_requirements import memory_allocated_func as memory_allocated_func
@@ -273,9 +274,6 @@ def __getattr__(name: str) -> Any:
     """Names this module imported before the skip decorators moved out (the availability checks,
     `is_torch_version`, ...): still reachable here, as code written against Accelerate's `testing`
     module may import them from it."""
-    # deferred: only a name missing above reaches this, and both modules are already loaded
-    from . import device_requirements, package_requirements
-
     for module in (device_requirements, package_requirements):
         if hasattr(module, name):
             return getattr(module, name)
