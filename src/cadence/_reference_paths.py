@@ -1,7 +1,7 @@
-"""The one list of the reference's top-level module paths that Cadence keeps only as re-exports.
+"""The one list of Accelerate's top-level module paths that Cadence keeps only as re-exports.
 
 Each module named here is a thin re-export (its docstring starts with `Reference path: re-exports`, it
-defines `__all__` and nothing else) of the Cadence module where the code lives. The reference's paths
+defines `__all__` and nothing else) of the Cadence module where the code lives. Accelerate's paths
 that are packages of their own in Cadence (`cadence.accelerator`, `cadence.checkpointing`,
 `cadence.commands`, `cadence.test_utils`, `cadence.tracking`, `cadence.utils`) are their own home.
 tests/test_reference_paths_table.py checks that each path resolves to its home.

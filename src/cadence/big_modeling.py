@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.bigmodel` (empty init, dispatch, CPU/disk offload) under the reference's `big_modeling` module path."""
+"""Reference path: re-exports `cadence.bigmodel` (empty init, dispatch, CPU/disk offload) under Accelerate's `big_modeling` module path."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Names and fixed values shared with the reference library: checkpoint file names, FSDP option
+"""Names and fixed values shared with Accelerate: checkpoint file names, FSDP option
 lists, version thresholds, launcher parameters.
 
 The checkpoint file names are those Cadence writes (defined once in `cadence.checkpointing.layout`),
-so a checkpoint folder looks the same as one written by the reference.
+so a checkpoint folder looks the same as one written by Accelerate.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ so importing it stays cheap).
 | exception | base | raised when |
 | --- | --- | --- |
 | `DistributedOperationException` | RuntimeError | ranks called a collective with incompatible inputs |
-| `CheckpointError` | ValueError | a checkpoint folder cannot be used (the reference raises ValueError) |
+| `CheckpointError` | ValueError | a checkpoint folder cannot be used (Accelerate raises ValueError) |
 | `CheckpointIncompleteError` | CheckpointError | the save never finished |
 | `CheckpointCorruptError` | CheckpointError | a committed file changed since |
 | `UnsafeCheckpointError` | CheckpointError | a file needs unpickling and no opt-in was given |

@@ -1,4 +1,4 @@
-"""FSDP helpers of the public API (the reference's `fsdp_utils`): RAM-efficient-loading switches,
+"""FSDP helpers of the public API (Accelerate's `fsdp_utils`): RAM-efficient-loading switches,
 parameter-name canonicalisation, the FSDP2 grad scaler, optimizer parameter switching, wrap policy.
 
 `save_fsdp_model` / `load_fsdp_model` / `save_fsdp_optimizer` / `load_fsdp_optimizer` write and
@@ -32,7 +32,7 @@ _USE_ACCELERATOR = (
 
 def _through_accelerator(name: str) -> NotImplementedError:
     return NotImplementedError(
-        f"`{name}` (the reference's internal FSDP step) is not provided. {_USE_ACCELERATOR}"
+        f"`{name}` (Accelerate's internal FSDP step) is not provided. {_USE_ACCELERATOR}"
     )
 
 

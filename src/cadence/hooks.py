@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.bigmodel` (hooks moving weights and activations) under the reference's `hooks` module path."""
+"""Reference path: re-exports `cadence.bigmodel` (hooks moving weights and activations) under Accelerate's `hooks` module path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.bigmodel` (pipeline-parallel inference) under the reference's `inference` module path."""
+"""Reference path: re-exports `cadence.bigmodel` (pipeline-parallel inference) under Accelerate's `inference` module path."""
 
 from __future__ import annotations
 

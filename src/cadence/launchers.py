@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.launch.launchers` under the reference's `launchers` module path."""
+"""Reference path: re-exports `cadence.launch.launchers` under Accelerate's `launchers` module path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.accelerator.local_sgd` under the reference's `local_sgd` module path."""
+"""Reference path: re-exports `cadence.accelerator.local_sgd` under Accelerate's `local_sgd` module path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.runtime.logging` under the reference's `logging` module path."""
+"""Reference path: re-exports `cadence.runtime.logging` under Accelerate's `logging` module path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.runtime.memory` under the reference's deprecated `memory_utils` module path (it warns: import from `cadence` instead)."""
+"""Reference path: re-exports `cadence.runtime.memory` under Accelerate's deprecated `memory_utils` module path (it warns: import from `cadence` instead)."""
 
 from __future__ import annotations
 

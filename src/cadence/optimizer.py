@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.training.optimizer` under the reference's `optimizer` module path."""
+"""Reference path: re-exports `cadence.training.optimizer` under Accelerate's `optimizer` module path."""
 
 from __future__ import annotations
 

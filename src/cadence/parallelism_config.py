@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.plugins.parallelism` under the reference's `parallelism_config` module path."""
+"""Reference path: re-exports `cadence.plugins.parallelism` under Accelerate's `parallelism_config` module path."""
 
 from __future__ import annotations
 

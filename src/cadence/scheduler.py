@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.training.scheduler` under the reference's `scheduler` module path."""
+"""Reference path: re-exports `cadence.training.scheduler` under Accelerate's `scheduler` module path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.runtime.state` under the reference's `state` module path."""
+"""Reference path: re-exports `cadence.runtime.state` under Accelerate's `state` module path."""
 
 from __future__ import annotations
 

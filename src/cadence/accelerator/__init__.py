@@ -1,6 +1,6 @@
 """The `Accelerator` and the components it owns (settings, preparation, accumulation).
 
-`cadence.accelerator` is also the reference's module path `accelerate.accelerator`, from which scripts
+`cadence.accelerator` is also Accelerate's module path `accelerate.accelerator`, from which scripts
 import the configuration classes next to the Accelerator (`from accelerate.accelerator import
 Accelerator, DataLoaderConfiguration, GradientAccumulationPlugin`): those names are re-exported here.
 """

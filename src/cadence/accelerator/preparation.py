@@ -48,7 +48,7 @@ def kind_of(obj: Any) -> str:
 def check_preparable(obj: Any, position: int) -> None:
     """Refuse what prepare() would hand back untouched although the user meant it to be prepared.
 
-    Other objects (None, custom objects) still pass through unchanged, as in the reference."""
+    Other objects (None, custom objects) still pass through unchanged, as in Accelerate."""
     where = f"argument {position + 1} of prepare()"
     if isinstance(obj, type) and issubclass(
         obj,
@@ -106,7 +106,7 @@ def _placements(device_placement: Any, count: int) -> list[Any]:
 
 
 def mark_prepared(obj: Any) -> None:
-    """Flag a prepared object the way the reference does (`_is_accelerate_prepared = True`): libraries
+    """Flag a prepared object the way Accelerate does (`_is_accelerate_prepared = True`): libraries
     built on it (and its own tests) read the flag to avoid preparing an object twice. The same flag
     under Cadence's name, `_is_cadence_prepared`, is what a script switched over by renaming
     `accelerate` to `cadence` reads."""

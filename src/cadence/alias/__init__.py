@@ -1,5 +1,5 @@
-"""The opt-in `accelerate` alias: with `CADENCE_AS_ACCELERATE=1`, code written for the reference
-(transformers' Trainer, TRL, peft, diffusers) imports Cadence under the reference's name.
+"""The opt-in `accelerate` alias: with `CADENCE_AS_ACCELERATE=1`, code written for Accelerate
+(transformers' Trainer, TRL, peft, diffusers) imports Cadence under Accelerate's name.
 
 - `import accelerate` gives a thin module that reads every name from `cadence` and reports the
   reference version Cadence matches as `__version__`; `accelerate.<path>` is the very module object

@@ -20,7 +20,7 @@ _warned_about_reference = False
 
 class AccelerateFacade(types.ModuleType):
     """The `accelerate` module itself: every attribute is read from `cadence`, except `__version__`,
-    which is the reference version Cadence matches (peft, TRL and diffusers compare it)."""
+    which is Accelerate version Cadence matches (peft, TRL and diffusers compare it)."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):

@@ -1,6 +1,6 @@
 """Big-model inference: empty init, sizes and device maps, loading, CPU/disk offload, dispatch hooks.
 
-The public paths of the reference (`cadence.big_modeling`, `cadence.hooks`, `cadence.utils.modeling`,
+The public paths of Accelerate (`cadence.big_modeling`, `cadence.hooks`, `cadence.utils.modeling`,
 `cadence.utils.offload`, `cadence.inference`) re-export the names defined in these modules:
 
 - `sizes`: byte sizes of dtypes, tensors and modules (`compute_module_sizes`, `dtype_byte_size`...).

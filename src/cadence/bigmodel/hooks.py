@@ -2,7 +2,7 @@
 
 A hook is attached by replacing the instance's `forward` with a wrapper that calls
 `hook.pre_forward`, the original forward (kept as `module._old_forward`) and `hook.post_forward`;
-the hook itself is `module._hf_hook` (the reference's attribute names, which transformers reads).
+the hook itself is `module._hf_hook` (Accelerate's attribute names, which transformers reads).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Weights offloaded to disk: one raw `<name>.dat` file per tensor plus `index.json`.
 
-The layout is the reference's, so an offload folder written by either library reads in the other:
+The layout is Accelerate's, so an offload folder written by either library reads in the other:
 `index.json` maps each name to `{"dtype": numpy dtype name or "bfloat16"/"float8_*", "shape": [...]}`,
 and `<name>.dat` holds the tensor's bytes in C order (0-d tensors are stored as shape (1,)). Reads
 memory-map the file copy-on-write, so a weight is paged in from the page cache without an extra

@@ -63,7 +63,7 @@ def convert_file_size_to_int(size: Union[int, str]) -> int:
 
 
 def dtype_byte_size(dtype: torch.dtype) -> Union[int, float]:
-    """Bytes taken by one element of `dtype` (1/8 for bool, as the reference counts it).
+    """Bytes taken by one element of `dtype` (1/8 for bool, as Accelerate counts it).
 
     Example:
         >>> dtype_byte_size(torch.float32)

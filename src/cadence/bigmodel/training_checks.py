@@ -28,7 +28,7 @@ def verify_device_map(model: nn.Module) -> bool:
 
 
 def check_model_is_trainable(model: nn.Module, distributed_type: Any) -> None:
-    """Raise the reference's ValueError when a dispatched model is prepared in a distributed mode
+    """Raise Accelerate's ValueError when a dispatched model is prepared in a distributed mode
     (`distributed_type` is anything but "NO"); ACCELERATE_BYPASS_DEVICE_MAP=true skips the check."""
     name = getattr(distributed_type, "value", distributed_type)
     if str(name).upper() == "NO":

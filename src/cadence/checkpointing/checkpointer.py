@@ -496,7 +496,7 @@ class Checkpointer:
 
 
 class NotCheckpointableError(TypeError, ValueError):
-    """An object given to register_for_checkpointing lacks state_dict / load_state_dict (the reference
+    """An object given to register_for_checkpointing lacks state_dict / load_state_dict (Accelerate
     raises ValueError; TypeError describes it better, so it is both)."""
 
 

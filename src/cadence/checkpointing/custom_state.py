@@ -1,4 +1,4 @@
-"""The reference's module-level checkpoint functions: custom objects' state and a whole training
+"""Accelerate's module-level checkpoint functions: custom objects' state and a whole training
 state (`save_accelerator_state` / `load_accelerator_state`), in Accelerate's file layout.
 
 Like the rest of this package it does not use torch.distributed: which process writes is read

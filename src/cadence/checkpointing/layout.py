@@ -1,4 +1,4 @@
-"""Names of the files in a save_state folder (the reference's names, so folders look the same).
+"""Names of the files in a save_state folder (Accelerate's names, so folders look the same).
 
 Index 0 has no suffix, later ones `_<i>`: model.safetensors, model_1.safetensors, optimizer.bin,
 optimizer_1.bin, ... Every file except model weights is written with torch.save and read back with

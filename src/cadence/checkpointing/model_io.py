@@ -1,6 +1,6 @@
 """save_model / load_checkpoint_in_model: weights in (sharded) safetensors with an index.
 
-File names and the index format are those of the reference and transformers:
+File names and the index format are those of Accelerate and transformers:
 `model.safetensors`, or `model-00001-of-00003.safetensors` ... plus `model.safetensors.index.json`
 holding `{"metadata": {"total_size": N}, "weight_map": {name: file}}` (and the `pytorch_model*.bin`
 equivalents without safetensors). Shards are filled greedily in state-dict order; a weight larger
@@ -49,7 +49,7 @@ _SHARD_RE = re.compile(r"^(.*?)-\d{5}-of-\d{5}$")
 def parse_shard_size(size: Union[int, str]) -> int:
     """Bytes in a shard-size limit: an int, or digits and a unit like "5MB" / "1.5GB".
 
-    KB/MB/GB/TB are decimal (1MB = 1,000,000 bytes), case-insensitive, as in the reference's
+    KB/MB/GB/TB are decimal (1MB = 1,000,000 bytes), case-insensitive, as in Accelerate's
     save_model; KiB/MiB/GiB/TiB are binary.
     """
     if isinstance(size, bool):
@@ -309,7 +309,7 @@ def load_checkpoint_in_model(
 ) -> None:
     """Load a weights file, an index file, or a folder written by save_model into `model`.
 
-    strict=True refuses weights the model does not have (the reference's rule; keys the model has
+    strict=True refuses weights the model does not have (Accelerate's rule; keys the model has
     but the files lack, such as tied weights stored once, are left as they are).
     """
     import torch

@@ -1,8 +1,8 @@
 """Automatic checkpoint naming and rotation: `project_dir/checkpoints/checkpoint_<i>`.
 
-As in the reference, the i-th save goes to `checkpoint_<iteration>` where `iteration` starts at
+As in Accelerate, the i-th save goes to `checkpoint_<iteration>` where `iteration` starts at
 `ProjectConfiguration.iteration` (default 0) and grows by one per save, and saving onto an existing
-`checkpoint_<i>` is an error. Unlike the reference, old checkpoints are pruned only after the new
+`checkpoint_<i>` is an error. Unlike Accelerate, old checkpoints are pruned only after the new
 one is committed, only complete checkpoints count towards `total_limit`, and the newest complete
 checkpoint is never deleted.
 """
@@ -47,7 +47,7 @@ def checkpoints_dir(project_dir: str | os.PathLike | None) -> Path:
 
 
 def automatic_checkpoint_dir(project_dir: str | os.PathLike | None, iteration: int) -> Path:
-    """Folder of the save number `iteration`; an error if it already exists (as in the reference)."""
+    """Folder of the save number `iteration`; an error if it already exists (as in Accelerate)."""
     path = checkpoints_dir(project_dir) / f"{CHECKPOINT_PREFIX}{int(iteration)}"
     if path.exists():
         raise ValueError(

@@ -499,7 +499,7 @@ def numpy_rng_record(numpy_state: tuple[Any, ...]) -> tuple[str, Any, int, int, 
 def capture_rng_state(step: int | None = None) -> dict[str, Any]:
     """RNG states of this process (python, numpy, torch, accelerators) as tensors and plain values.
 
-    Same keys as the reference's random_states file, but loadable with weights_only=True without
+    Same keys as Accelerate's random_states file, but loadable with weights_only=True without
     any numpy global: the numpy key array is stored as a tensor.
     """
     import torch

@@ -1,4 +1,4 @@
-"""The reference's `commands.accelerate_cli` path: the `cadence` command's entry point."""
+"""Accelerate's `commands.accelerate_cli` path: the `cadence` command's entry point."""
 
 from __future__ import annotations
 

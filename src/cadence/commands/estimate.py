@@ -1,4 +1,4 @@
-"""The reference's `estimate-memory` command module: build a Hub model with empty weights (through
+"""Accelerate's `estimate-memory` command module: build a Hub model with empty weights (through
 `transformers` or `timm`, optional), measure it, and print its memory for inference and training."""
 
 from __future__ import annotations

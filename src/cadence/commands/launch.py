@@ -106,7 +106,7 @@ def launch_command(args: argparse.Namespace, unknown: list[str] | None = None) -
     """Run `cadence launch` for `args` (the processes, or a dry run) and return the exit code.
 
     An invalid launch (bad flags, config file or environment) raises `LaunchPlanError`, a
-    `ValueError` listing every problem, before anything starts, as the reference's `launch_command`
+    `ValueError` listing every problem, before anything starts, as Accelerate's `launch_command`
     raises `ValueError`; the command line prints it and exits with code 2.
 
     Args:
@@ -174,7 +174,7 @@ def _validate_launch_command(
 ) -> tuple[argparse.Namespace, Any, bool]:
     """Merge the flags, the environment and the config file into `args`, as `cadence launch` does.
 
-    The reference's private step, kept for scripts that call it: every launch setting is resolved by
+    Accelerate's private step, kept for scripts that call it: every launch setting is resolved by
     the launch plan (flags over environment over config file over defaults) and written back onto
     `args`. Returns `(args, config, mixed_precision_from_config)`, `config` being the loaded config
     file or None. Raises `LaunchPlanError` (listing every problem) when the launch is invalid.

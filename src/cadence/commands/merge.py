@@ -1,4 +1,4 @@
-"""The reference's `commands.merge` path: `cadence merge-weights` (home: `cadence.commands.merge_weights`)."""
+"""Accelerate's `commands.merge` path: `cadence merge-weights` (home: `cadence.commands.merge_weights`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adapters between Cadence's command modules (`register(subparsers)`) and the reference's
+"""Adapters between Cadence's command modules (`register(subparsers)`) and Accelerate's
 `<command>_command_parser(subparsers=None)` / `main()` entry points."""
 
 from __future__ import annotations

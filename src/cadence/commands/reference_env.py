@@ -1,11 +1,11 @@
-"""The reference's launcher-side builders `prepare_multi_gpu_env` and `prepare_simple_launcher_cmd_env`
+"""Accelerate's launcher-side builders `prepare_multi_gpu_env` and `prepare_simple_launcher_cmd_env`
 (public in `utils.launch`), computed from Cadence's launch plan.
 
-Custom launchers written for the reference fill an `argparse.Namespace` with every launch flag
+Custom launchers written for Accelerate fill an `argparse.Namespace` with every launch flag
 (unused ones left at the parser's default: False, None, "no") and ask for the environment of the
 processes. Cadence reads that namespace as `cadence launch` would read the same flags, plans the
 launch with `build_plan` (the one place that decides), and hands back the plan's worker environment,
-with the torchrun fields set on the namespace as the reference sets them.
+with the torchrun fields set on the namespace as Accelerate sets them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference's `commands.test` path: `cadence test` (home: `cadence.commands.test_cmd`)."""
+"""Accelerate's `commands.test` path: `cadence test` (home: `cadence.commands.test_cmd`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`to-fsdp2`: rewrite a config file's FSDP1 settings as FSDP2 settings (the reference's command)."""
+"""`to-fsdp2`: rewrite a config file's FSDP1 settings as FSDP2 settings (Accelerate's command)."""
 
 from __future__ import annotations
 

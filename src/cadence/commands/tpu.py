@@ -1,6 +1,6 @@
 """`cadence tpu-config`: run setup commands on every worker of a TPU VM pod through `gcloud`.
 
-The reference's `commands.tpu` path. The command line is built from the flags and the config file
+Accelerate's `commands.tpu` path. The command line is built from the flags and the config file
 (`tpu_name`, `tpu_zone`, `commands`, `command_file`), then handed to `gcloud compute tpus tpu-vm ssh
 ... --worker all`; with `--debug` it is only printed. Cadence runs no transport of its own: `gcloud`
 must be installed (the Google Cloud SDK).

@@ -1,4 +1,4 @@
-"""String enums of the public API (values match the reference library's)."""
+"""String enums of the public API (values match Accelerate's)."""
 
 from __future__ import annotations
 

@@ -45,9 +45,9 @@ def lazy_exports(
 
     `exports` maps a public name to the module that defines it; `aliases` maps a public name to the
     name it has in that module; `submodules` are submodules that become attributes on first use (as
-    the reference's package exposes them once imported). A resolved name is cached in the module's
+    Accelerate's package exposes them once imported). A resolved name is cached in the module's
     globals. An exported name stays bound to its value when a submodule of the same name is imported
-    (`import cadence.utils.tqdm` leaves `cadence.utils.tqdm` the function, as in the reference)."""
+    (`import cadence.utils.tqdm` leaves `cadence.utils.tqdm` the function, as in Accelerate)."""
     aliases = aliases or {}
     names = sorted(set(exports) | set(submodules))
 

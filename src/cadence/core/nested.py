@@ -54,7 +54,7 @@ def honor_type(obj: Any, generator: Any) -> Any:
 
 
 class UnsupportedType(TypeError):
-    """recursively_apply's refusal of a leaf it cannot handle (a TypeError, as in the reference)."""
+    """recursively_apply's refusal of a leaf it cannot handle (a TypeError, as in Accelerate)."""
 
 
 def recursively_apply(

@@ -3,7 +3,7 @@ which `cadence.runtime.topology` reads) and of the record `cadence launch` write
 
 Every setting resolves the same way: explicit argument > launch record > environment variable > default,
 and remembers where its value came from. The environment names are in one table, `ENV_NAMES`: Cadence's
-own name first, then the reference's (so `ACCELERATE_MIXED_PRECISION=bf16` keeps working). One boolean
+own name first, then Accelerate's (so `ACCELERATE_MIXED_PRECISION=bf16` keeps working). One boolean
 parser, `parse_bool`, reads every flag.
 
 Example::
@@ -232,7 +232,7 @@ def resolve(
     default: Any = None,
     launch: dict[str, Any] | None = None,
 ) -> Resolved:
-    """Explicit argument > launch record > environment (Cadence's name, then the reference's) > default."""
+    """Explicit argument > launch record > environment (Cadence's name, then Accelerate's) > default."""
     if explicit is not None:
         return Resolved(explicit, "argument")
     key, env_names = ENV_NAMES[name]
@@ -260,9 +260,9 @@ def describe(resolved: dict[str, Resolved]) -> str:
 
 
 def device_from_env(env: dict[str, str] | None = None) -> Any:
-    """The torch device named by CADENCE_TORCH_DEVICE (or the reference's ACCELERATE_TORCH_DEVICE).
+    """The torch device named by CADENCE_TORCH_DEVICE (or Accelerate's ACCELERATE_TORCH_DEVICE).
 
-    As in the reference it overrides every other choice, `cpu=True` included.
+    As in Accelerate it overrides every other choice, `cpu=True` included.
 
     Example::
 

@@ -133,7 +133,7 @@ def plain_loader_like(loader: DataLoader) -> DataLoader:
 
 class _instance_property(property):  # noqa: N801 (used as a decorator, like `property`)
     """A property that exists on instances only: read on the class it raises AttributeError, as an
-    attribute set in `__init__` would (the reference's `base_dataloader` is one)."""
+    attribute set in `__init__` would (Accelerate's `base_dataloader` is one)."""
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
@@ -218,7 +218,7 @@ class DataLoaderAdapter(DataLoader):
 
         Cadence's own position (epoch, batches handed out, generator states) that resumes exactly; with
         `use_stateful_dataloader=True`, torchdata's StatefulDataLoader state after the batches handed
-        out so far, as the reference returns it (see data/stateful_layout.py).
+        out so far, as Accelerate returns it (see data/stateful_layout.py).
         """
         if not self.use_stateful_dataloader:
             return position_state_dict(self, self._position)

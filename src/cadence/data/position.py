@@ -213,9 +213,9 @@ def _validate(state: Any) -> None:
 
 
 def _as_reference_resume(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
-    """What the reference keeps of a saved position (`resume_exact_order=False`): the order is drawn
+    """What Accelerate keeps of a saved position (`resume_exact_order=False`): the order is drawn
     again from the random state of the moment; a stateful loader skips the batches already handed
-    out, a plain one starts the epoch over (the reference saves no position for it)."""
+    out, a plain one starts the epoch over (Accelerate saves no position for it)."""
     stateful = getattr(loader, "use_stateful_dataloader", False)
     in_epoch = bool(state["in_epoch"]) and stateful and state["batches_yielded"] > 0
     return {

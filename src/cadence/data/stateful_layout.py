@@ -1,7 +1,7 @@
 """A stateful prepared dataloader's state, as torchdata's `StatefulDataLoader` writes it.
 
 With `use_stateful_dataloader=True` a prepared loader is a real StatefulDataLoader, and its
-`state_dict()` is exactly the one torchdata gives after the batches handed out so far (the reference
+`state_dict()` is exactly the one torchdata gives after the batches handed out so far (Accelerate
 returns the same, and its tests compare the two dicts for equality). Cadence reads one batch ahead,
 so the loader notes torchdata's state after fetching each batch and before the look-ahead; those
 notes are what `state_dict()` returns while an epoch is under way.

@@ -4,7 +4,7 @@ torch_xla's `MpDeviceLoader` does, without its background thread; see docs/diffe
 
 The transfer runs inside `DataLoaderShard` (through `device_prefetch.batch_transfer`), so the loader's
 own bookkeeping (end_of_dataloader, the position saved by save_state) stays in step with training.
-`CADENCE_XLA_MP_DEVICE_LOADER=1` wraps the prepared loader in `MpDeviceLoader` instead, as the reference
+`CADENCE_XLA_MP_DEVICE_LOADER=1` wraps the prepared loader in `MpDeviceLoader` instead, as Accelerate
 does (`wrap_in_mp_device_loader`).
 """
 
@@ -61,7 +61,7 @@ class XlaTransfer:
 
 
 class MpDeviceLoaderWrapper:
-    """The reference's behaviour: the prepared loader (its batches left on the host) read through
+    """Accelerate's behaviour: the prepared loader (its batches left on the host) read through
     torch_xla's `MpDeviceLoader`, whose thread runs ahead of training. Attributes are the loader's."""
 
     def __init__(self, loader: Any, device: torch.device) -> None:

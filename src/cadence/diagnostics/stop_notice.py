@@ -56,7 +56,7 @@ PROPOSAL_WAIT = 60.0
 
 def stop_signal() -> signal.Signals | None:
     """The notice signal: `CADENCE_STOP_SIGNAL` (a name such as SIGUSR1, or a number), else SIGTERM;
-    None for `off` (the reference's behaviour: the signal ends the worker at once)."""
+    None for `off` (Accelerate's behaviour: the signal ends the worker at once)."""
     found = resolve("stop_signal", default="SIGTERM")
     text = str(found.value).strip().upper()
     if text in ("OFF", "NONE", "0"):

@@ -1,4 +1,4 @@
-"""The flags of `cadence launch`: the reference launcher's names and meanings, plus `--dry_run`.
+"""The flags of `cadence launch`: the names and meanings of Accelerate's launcher, plus `--dry_run`.
 
 Every flag accepts `--with_underscores` and `--with-hyphens`. Flags the user did not type are absent
 from the parsed namespace (argparse.SUPPRESS), so the planner can tell a typed value from a default.

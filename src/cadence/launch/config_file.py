@@ -1,6 +1,6 @@
 """The config file written by `cadence config` and read by `cadence launch`.
 
-The format is the reference library's YAML (or JSON) file, so a file written by `accelerate config`
+The format is Accelerate's YAML (or JSON) file, so a file written by `accelerate config`
 works unchanged. Older versions of the format are upgraded on load (see `upgrade_config_dict`);
 `cadence config update` writes the upgraded form back. Keys nobody knows are an error that lists them.
 
@@ -105,7 +105,7 @@ class _BaseConfig:
     debug: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """The file's content: values that are None, and empty sections, are left out (as the reference does)."""
+        """The file's content: values that are None, and empty sections, are left out (as Accelerate does)."""
         result = {}
         for name, value in dataclasses.asdict(self).items():
             if value is None or (isinstance(value, dict) and not value):

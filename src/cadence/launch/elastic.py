@@ -49,10 +49,10 @@ def parse_node_range(text: str) -> tuple[int, int]:
 
 
 def apply_node_range(settings: dict[str, Setting], errors: list[str], notes: list[str]) -> int:
-    """Turn torchrun's `--nnodes` / `--nproc_per_node` into the reference's settings, in place.
+    """Turn torchrun's `--nnodes` / `--nproc_per_node` into Accelerate's settings, in place.
 
     `num_machines` becomes the most nodes; `num_processes` the total over that many nodes. With a
-    fixed node count, the reference's `--num_processes` keeps its meaning (the total); with a range
+    fixed node count, Accelerate's `--num_processes` keeps its meaning (the total); with a range
     the total varies, so `--num_processes` alone counts the processes of each node. Returns the
     fewest nodes (the node count when the job is not elastic).
     """

@@ -1,4 +1,4 @@
-"""Launch-environment helpers of the public API (the reference's `utils.launch`).
+"""Launch-environment helpers of the public API (Accelerate's `utils.launch`).
 
 `PrepareForLaunch` (the per-process entry of fork/spawn launchers), `env_var_path_add` and
 `prepare_tpu` are real. `prepare_multi_gpu_env` and `prepare_simple_launcher_cmd_env` are computed
@@ -55,7 +55,7 @@ def env_var_path_add(env_var_name: str, path_to_add: str | os.PathLike) -> str:
 def prepare_tpu(
     args: argparse.Namespace, current_env: dict[str, str], pod: bool = False
 ) -> tuple[argparse.Namespace, dict[str, str]]:
-    """The environment of a TPU launch, as the reference builds it: with bf16 on a TPU,
+    """The environment of a TPU launch, as Accelerate builds it: with bf16 on a TPU,
     `XLA_USE_BF16=1` (or `XLA_DOWNCAST_BF16=1` with `args.downcast_bf16`); with `args.debug`,
     `ACCELERATE_DEBUG_MODE=true`; for a pod, `args.vm` / `args.tpu` from `tpu_vm` / `tpu_name`.
 
@@ -124,7 +124,7 @@ class PrepareForLaunch:
 
 def _not_cadence(name: str) -> NotImplementedError:
     return NotImplementedError(
-        f"`{name}` builds the reference launcher's environment. {_USE_CADENCE_LAUNCH}"
+        f"`{name}` builds the environment of Accelerate's launcher. {_USE_CADENCE_LAUNCH}"
     )
 
 

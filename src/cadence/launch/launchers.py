@@ -41,7 +41,7 @@ from .rendezvous_store import store_bound_to
 class WorkerProcessesFailed(ChildFailedError, RuntimeError):
     """A worker process of notebook_launcher / debug_launcher failed; the message names the root cause.
 
-    It is torch's `ChildFailedError` (what the reference's notebook_launcher raises, and what scripts
+    It is torch's `ChildFailedError` (what Accelerate's notebook_launcher raises, and what scripts
     catch), with `name` and `failures` from torch, and Cadence's summary as its message."""
 
     def __init__(
@@ -230,7 +230,7 @@ def _launch_on_xla(
     num_processes: int | None,
     mixed_precision: str,
 ) -> None:
-    """`function(*args)` on this host's XLA devices through `xmp.spawn` (forked), as the reference does
+    """`function(*args)` on this host's XLA devices through `xmp.spawn` (forked), as Accelerate does
     on a TPU runtime; `num_processes=1` runs one process."""
     if AcceleratorState._shared_state:
         raise ValueError(

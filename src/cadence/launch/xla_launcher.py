@@ -1,5 +1,5 @@
 """`cadence launch --tpu` (or a config file with `distributed_type: XLA`): run the script's main function
-on this host's XLA devices through torch_xla's launcher (`xmp.spawn`), as the reference does.
+on this host's XLA devices through torch_xla's launcher (`xmp.spawn`), as Accelerate does.
 
 Everything is checked before anything starts, and all problems are reported together. Multi-host TPU pod
 launching (`--tpu_cluster`, `--vm`, `--env`, `--tpu_use_sudo`, several machines) is not done by Cadence:

@@ -1,5 +1,5 @@
 """The process `cadence launch --tpu` starts: import the training script as a module, find its main
-function, and run it on every XLA device of this host through torch_xla's `xmp.spawn` (the reference's
+function, and run it on every XLA device of this host through torch_xla's `xmp.spawn` (Accelerate's
 TPU launcher does the same). `sys.argv` is the script's own arguments, as under `python script.py`.
 
 Usage: `python -m cadence.launch.xla_worker [--function main] [--single] script.py|--module mod [args]`

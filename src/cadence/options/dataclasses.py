@@ -1,4 +1,4 @@
-"""The Accelerator's option dataclasses (the home of what the reference keeps in `utils.dataclasses`).
+"""The Accelerator's option dataclasses (the home of what Accelerate keeps in `utils.dataclasses`).
 
 Two families: the `KwargsHandler`s that tune how a torch object is built (DDP, the grad scaler, the process
 group, autocast, the profiler, FP8 recipes), and the configurations of the Accelerator itself (dataloaders,

@@ -1,5 +1,5 @@
 """Which sharded / model-parallel backend a training asks for, from the Accelerator's arguments, the
-`cadence launch` settings record, or the reference's environment variables (in that order).
+`cadence launch` settings record, or Accelerate's environment variables (in that order).
 
 Runs before any process group exists, so every bad combination fails before a side effect.
 """
@@ -128,7 +128,7 @@ def _check_sequence_parallel_backend(sp_size: int, deepspeed_plugins: Any) -> No
 
 
 def _check_context_parallel_backend(fsdp_plugin: Any, deepspeed_plugins: Any) -> None:
-    """cp_size > 1 runs with FSDP2 (sharded over dp_shard_cp), or with DDP when the reference's
+    """cp_size > 1 runs with FSDP2 (sharded over dp_shard_cp), or with DDP when Accelerate's
     ACCELERATE_ALLOW_CP_STANDALONE=true asks for it; never with FSDP1 or DeepSpeed."""
     if deepspeed_plugins is not None:
         raise ValueError(

@@ -151,7 +151,7 @@ class AutocastPrecision(Precision):
         )
 
     def wrap_forward(self, model: torch.nn.Module) -> None:
-        """Run `model.forward` under autocast and hand back fp32 outputs (the reference's behaviour)."""
+        """Run `model.forward` under autocast and hand back fp32 outputs (Accelerate's behaviour)."""
         if hasattr(model.forward, "_cadence_wrapped_forward"):
             return
         original = model.forward

@@ -1,6 +1,6 @@
 """GradientState: whether gradients synchronise this step, and where the active dataloader stands.
 
-One state per process, shared by every instance (the reference's semantics); `cadence.state` re-exports
+One state per process, shared by every instance (Accelerate's semantics); `cadence.state` re-exports
 it. Objects that need it (optimizer, scheduler, loaders) receive it at construction.
 """
 

@@ -1,6 +1,6 @@
 """Saving and loading the state of sharded models and their optimizers.
 
-Two layouts, chosen by the FSDP plugin's `state_dict_type` (file names as in the reference):
+Two layouts, chosen by the FSDP plugin's `state_dict_type` (file names as in Accelerate):
 - sharded: one `torch.distributed.checkpoint` folder per model (`pytorch_model_fsdp_{i}/`) and per
   optimizer (`optimizer_{i}/`); every rank writes its own shard, and the folders can be loaded by any
   number of processes (or merged with `cadence merge-weights`);

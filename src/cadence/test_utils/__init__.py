@@ -1,4 +1,4 @@
-"""Testing helpers for projects built on Cadence (the reference's `test_utils`): skip decorators,
+"""Testing helpers for projects built on Cadence (Accelerate's `test_utils`): skip decorators,
 test-case bases, subprocess runners, a regression model and dataset, and the bundled distributed
 test scripts (`cadence.test_utils.scripts`, runnable with `cadence launch`).
 

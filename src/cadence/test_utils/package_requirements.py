@@ -1,5 +1,5 @@
 """Skip decorators for the optional packages a test needs (transformers, DeepSpeed, the trackers,
-torchao, ...). Re-exported by `cadence.test_utils.testing` (the reference's path).
+torchao, ...). Re-exported by `cadence.test_utils.testing` (Accelerate's path).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Running commands for tests: `execute_subprocess_async`, `run_command`, ports and paths.
 
-Re-exported by `cadence.test_utils.testing` (the reference's path).
+Re-exported by `cadence.test_utils.testing` (Accelerate's path).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class RegressionModel(torch.nn.Module):
 
 
 _NEEDS_MRPC = (
-    "`{name}` builds GLUE MRPC dataloaders from the reference repository's test sample files and a "
+    "`{name}` builds GLUE MRPC dataloaders from the test sample files of Accelerate's repository and a "
     "Hub tokenizer (bert-base-cased); neither ships with Cadence. Build the dataloaders in your test instead."
 )
 

@@ -26,7 +26,7 @@ def join_uneven_inputs(
     """Run the block under torch's `Join` when ranks may see different numbers of batches.
 
     `even_batches` overrides the prepared map-style `dataloaders`' setting inside the block. Other
-    backends than DDP (FSDP, DeepSpeed, ...) get a warning and no join, as in the reference."""
+    backends than DDP (FSDP, DeepSpeed, ...) get a warning and no join, as in Accelerate."""
     if not use_distributed or distributed_type not in _JOINABLE_TYPES:
         if distributed_type != DistributedType.NO:
             warnings.warn(

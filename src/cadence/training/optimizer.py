@@ -57,7 +57,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def accelerator_state(self) -> AcceleratorState:
-        """The process's AcceleratorState (kept for code written against the reference)."""
+        """The process's AcceleratorState (kept for code written against Accelerate)."""
         return AcceleratorState()
 
     @property

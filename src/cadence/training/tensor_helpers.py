@@ -1,4 +1,4 @@
-"""Tensor helpers of the reference's `operations` module that `cadence.runtime.collectives` does not hold:
+"""Tensor helpers of Accelerate's `operations` module that `cadence.runtime.collectives` does not hold:
 fp32 conversion of outputs, `listify`, shape helpers, padding inputs to a multiple of the process
 count, copying a tensor held by one process to all, and the debug-mode operation checks.
 """

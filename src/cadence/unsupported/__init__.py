@@ -1,4 +1,4 @@
-"""Public names of the reference library for hardware, services and integrations Cadence does not
+"""Public names of Accelerate for hardware, services and integrations Cadence does not
 drive (Megatron-LM, bitsandbytes, Transformer Engine, torch_xla/TPU, SageMaker, ...).
 
 They exist so that a script importing them still imports; calling one raises

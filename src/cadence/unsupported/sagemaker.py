@@ -11,7 +11,7 @@ INSTEAD = "Launch on the machines themselves with `cadence launch` (multi-machin
 
 
 def prepare_sagemager_args_inputs(sagemaker_config: Any, args: Any) -> Any:
-    """Arguments of a SageMaker estimator (unsupported; the misspelling is the reference's name).
+    """Arguments of a SageMaker estimator (unsupported; the misspelling is Accelerate's name).
 
     Args:
         sagemaker_config (Any): The SageMaker config file's settings.

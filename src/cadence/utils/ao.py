@@ -1,4 +1,4 @@
-"""The reference's `utils.ao` path (home: `cadence.precision.fp8`)."""
+"""Accelerate's `utils.ao` path (home: `cadence.precision.fp8`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.bnb` path (home: `cadence.unsupported.bitsandbytes`)."""
+"""Accelerate's `utils.bnb` path (home: `cadence.unsupported.bitsandbytes`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.constants` path (home: `cadence.constants`, whose names it re-exports)."""
+"""Accelerate's `utils.constants` path (home: `cadence.constants`, whose names it re-exports)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.dataclasses` path: enums, kwargs handlers, plugins and configurations (homes: `cadence.core.enums`, `cadence.options.dataclasses`, `cadence.options.dataclasses`, `cadence.plugins`)."""
+"""Accelerate's `utils.dataclasses` path: enums, kwargs handlers, plugins and configurations (homes: `cadence.core.enums`, `cadence.options.dataclasses`, `cadence.options.dataclasses`, `cadence.plugins`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.deepspeed` path (homes: `cadence.plugins.deepspeed`, `cadence.strategies.deepspeed`, `cadence.plugins.deepspeed_helpers`)."""
+"""Accelerate's `utils.deepspeed` path (homes: `cadence.plugins.deepspeed`, `cadence.strategies.deepspeed`, `cadence.plugins.deepspeed_helpers`)."""
 
 from __future__ import annotations
 

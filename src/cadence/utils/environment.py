@@ -1,4 +1,4 @@
-"""The reference's `utils.environment` path: environment-variable helpers (home: `cadence.core.environment`)."""
+"""Accelerate's `utils.environment` path: environment-variable helpers (home: `cadence.core.environment`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.fsdp_utils` path (home: `cadence.fsdp_helpers`, whose public names, its
+"""Accelerate's `utils.fsdp_utils` path (home: `cadence.fsdp_helpers`, whose public names, its
 `__all__`, are the ones re-exported here)."""
 
 from __future__ import annotations

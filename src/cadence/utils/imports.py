@@ -1,4 +1,4 @@
-"""The reference's `utils.imports` path: availability checks (home: `cadence.core.availability`)."""
+"""Accelerate's `utils.imports` path: availability checks (home: `cadence.core.availability`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.launch` path (homes: `cadence.launch.env`, whose names it re-exports, and
+"""Accelerate's `utils.launch` path (homes: `cadence.launch.env`, whose names it re-exports, and
 `cadence.commands.reference_env` for the two builders computed from the launch plan)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference's `utils.megatron_lm` path (home: `cadence.unsupported.megatron_lm`; every use raises)."""
+"""Accelerate's `utils.megatron_lm` path (home: `cadence.unsupported.megatron_lm`; every use raises)."""
 
 from __future__ import annotations
 

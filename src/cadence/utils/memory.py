@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.runtime.memory` under the reference's `utils.memory` module path."""
+"""Reference path: re-exports `cadence.runtime.memory` under Accelerate's `utils.memory` module path."""
 
 from __future__ import annotations
 

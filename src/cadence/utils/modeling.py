@@ -1,4 +1,4 @@
-"""The reference's `accelerate.utils.modeling` path: sizes, device maps, tensors, loading (see cadence.bigmodel)."""
+"""Accelerate's `accelerate.utils.modeling` path: sizes, device maps, tensors, loading (see cadence.bigmodel)."""
 
 from __future__ import annotations
 

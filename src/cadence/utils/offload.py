@@ -1,4 +1,4 @@
-"""The reference's `accelerate.utils.offload` path: weights offloaded to disk (see cadence.bigmodel.offload)."""
+"""Accelerate's `accelerate.utils.offload` path: weights offloaded to disk (see cadence.bigmodel.offload)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.operations` path: collectives and tensor helpers (homes: `cadence.runtime.collectives`, `cadence.training.tensor_helpers`, `cadence.data.batches`)."""
+"""Accelerate's `utils.operations` path: collectives and tensor helpers (homes: `cadence.runtime.collectives`, `cadence.training.tensor_helpers`, `cadence.data.batches`)."""
 
 from __future__ import annotations
 

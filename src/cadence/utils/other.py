@@ -1,4 +1,4 @@
-"""The reference's `utils.other` path: model and process helpers (homes: `cadence.training.model_helpers`, `cadence.process_helpers`)."""
+"""Accelerate's `utils.other` path: model and process helpers (homes: `cadence.training.model_helpers`, `cadence.process_helpers`)."""
 
 from __future__ import annotations
 

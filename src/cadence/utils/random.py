@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.runtime.random` under the reference's `utils.random` module path."""
+"""Reference path: re-exports `cadence.runtime.random` under Accelerate's `utils.random` module path."""
 
 from __future__ import annotations
 

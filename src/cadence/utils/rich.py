@@ -1,4 +1,4 @@
-"""The reference's `utils.rich` path: importing it installs rich's traceback handler."""
+"""Accelerate's `utils.rich` path: importing it installs rich's traceback handler."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.torch_xla` path (home: `cadence.unsupported.torch_xla`)."""
+"""Accelerate's `utils.torch_xla` path (home: `cadence.unsupported.torch_xla`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference path: re-exports `cadence.runtime.tqdm` under the reference's `utils.tqdm` module path."""
+"""Reference path: re-exports `cadence.runtime.tqdm` under Accelerate's `utils.tqdm` module path."""
 
 from __future__ import annotations
 

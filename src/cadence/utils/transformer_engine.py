@@ -1,4 +1,4 @@
-"""The reference's `utils.transformer_engine` path (home: `cadence.unsupported.transformer_engine`)."""
+"""Accelerate's `utils.transformer_engine` path (home: `cadence.unsupported.transformer_engine`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `utils.versions` path (home: `cadence.core.versions`)."""
+"""Accelerate's `utils.versions` path (home: `cadence.core.versions`)."""
 
 from __future__ import annotations
 

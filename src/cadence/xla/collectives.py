@@ -2,7 +2,7 @@
 when the process trains on XLA).
 
 Tensors stay on the XLA device. Objects travel as pickled bytes in uint8 tensors padded to the longest
-one, so `gather_object` and `broadcast_object_list` work on XLA too (the reference raises there).
+one, so `gather_object` and `broadcast_object_list` work on XLA too (Accelerate raises there).
 `reduce(scale=...)` multiplies after the reduction, also on a single device, as documented.
 """
 

@@ -61,7 +61,7 @@ def tpu_present() -> bool:
 def xla_requested(cpu: bool, launch: dict[str, Any] | None = None) -> bool:
     """Whether this process should train on an XLA device.
 
-    `cpu=True`, a device named in CADENCE_TORCH_DEVICE, `CADENCE_USE_XLA=0` or the reference's
+    `cpu=True`, a device named in CADENCE_TORCH_DEVICE, `CADENCE_USE_XLA=0` or Accelerate's
     `USE_TORCH_XLA=0` win. Otherwise XLA is used when torch_xla is installed and either
     `CADENCE_USE_XLA=1` (or the launch record of `cadence launch --tpu`) asks for it, `PJRT_DEVICE` is set,
     or a TPU is present. `CADENCE_USE_XLA=1` without torch_xla is an error.
@@ -92,7 +92,7 @@ def planned_device_kind() -> str:
 
 
 def mp_device_loader_requested() -> bool:
-    """Whether prepared dataloaders go through torch_xla's MpDeviceLoader thread, as in the reference
+    """Whether prepared dataloaders go through torch_xla's MpDeviceLoader thread, as in Accelerate
     (CADENCE_XLA_MP_DEVICE_LOADER=1), instead of Cadence's in-order transfer (see docs/differences.md)."""
     return bool(_flag("xla_mp_device_loader", {}))
 

@@ -1,4 +1,4 @@
-"""The reference's `commands.config` path: the `config` command's parsers, `default_config_file`
+"""Accelerate's `commands.config` path: the `config` command's parsers, `default_config_file`
 and `load_config_from_file` (homes: `cadence.commands.config_cmd`, `cadence.launch.config_file`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference's `commands.config.cluster` path: the questions for a local or cluster config."""
+"""Accelerate's `commands.config.cluster` path: the questions for a local or cluster config."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reference's `commands.config.config` path: the interactive `config` command."""
+"""Accelerate's `commands.config.config` path: the interactive `config` command."""
 
 from __future__ import annotations
 

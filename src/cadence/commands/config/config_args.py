@@ -1,4 +1,4 @@
-"""The reference's `commands.config.config_args` path: config-file classes, default locations and
+"""Accelerate's `commands.config.config_args` path: config-file classes, default locations and
 `load_config_from_file` (home: `cadence.launch.config_file`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference's `commands.config.config_utils` path: the dynamo backend names a config may use
+"""Accelerate's `commands.config.config_utils` path: the dynamo backend names a config may use
 and the help formatter of the `config` subcommands."""
 
 from __future__ import annotations

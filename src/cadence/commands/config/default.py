@@ -1,4 +1,4 @@
-"""The reference's `commands.config.default` path: `write_basic_config` and `config default`."""
+"""Accelerate's `commands.config.default` path: `write_basic_config` and `config default`."""
 
 from __future__ import annotations
 

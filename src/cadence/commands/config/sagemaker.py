@@ -1,4 +1,4 @@
-"""The reference's `commands.config.sagemaker` path: SageMaker configs are not supported."""
+"""Accelerate's `commands.config.sagemaker` path: SageMaker configs are not supported."""
 
 from __future__ import annotations
 

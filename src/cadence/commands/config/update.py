@@ -1,4 +1,4 @@
-"""The reference's `commands.config.update` path: `config update` (home: `cadence.launch.config_file`)."""
+"""Accelerate's `commands.config.update` path: `config update` (home: `cadence.launch.config_file`)."""
 
 from __future__ import annotations
 
