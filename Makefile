@@ -87,9 +87,16 @@ test-torch: $(TORCH_STAMP)
 	$(TORCH_PY) -m pytest -q -n 2 --dist loadfile $(CORE_TESTS)
 
 # The long form of the clean-exit check: the demo's script, 30 launches under CPU load, each must exit 0
-# (the suite runs a few of them).
-test-exit: $(STAMP)
-	CADENCE_EXIT_RUNS=30 $(PY) -m pytest -q -n 0 tests/test_clean_exit.py
+# (the suite runs one). A lean install, as a user of the demo has it: torch, the package and pytest.
+LEAN_VENV := .venv-lean
+LEAN_STAMP := $(LEAN_VENV)/.cadence-installed
+$(LEAN_STAMP): pyproject.toml
+	test -x $(LEAN_VENV)/bin/python || $(PYTHON) -m venv $(LEAN_VENV)
+	$(LEAN_VENV)/bin/python -m pip install -q torch==2.13.0 pytest -e .
+	touch $(LEAN_STAMP)
+
+test-exit: $(LEAN_STAMP)
+	CADENCE_EXIT_RUNS=30 $(LEAN_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_clean_exit.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples benchmarks compat docs/*.py
