@@ -124,14 +124,15 @@ def main() -> None:
         }
         ledger.write(json.dumps(record) + "\n")
         ledger.flush()
-        degraded = record["committed"] and participants < groups
+        full = groups * accelerator.num_processes  # participating ranks with every group in
+        degraded = record["committed"] and participants < full
         degraded = degraded and os.path.exists(os.path.join(out, "killed_at"))  # after the kill
         if os.environ.get("FT_SAVE_DEGRADED") and degraded and not saved:
             accelerator.save_state(os.path.join(out, "ckpt"))
             saved = True
             ledger.write(json.dumps({"saved_at_step": record["step"]}) + "\n")
             ledger.flush()
-        if slow_alone and participants < groups:
+        if slow_alone and participants < full:
             time.sleep(slow_alone)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     with open(os.path.join(out, f"weights.{group}.{accelerator.process_index}.json"), "w") as f:

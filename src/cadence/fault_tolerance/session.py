@@ -92,7 +92,14 @@ class FaultTolerantSession:
         transport = PGTransport(pg, timeout=timeout, device=device)
         if group_barrier is not None:
             if group_rank == 0:
-                store = torch.distributed.distributed_c10d._get_default_store()
+                # torchft reads them at the root of the group's store (its own client, no prefix);
+                # the default group's store would prefix them ("default_pg/") and miss them.
+                store = torch.distributed.TCPStore(
+                    host_name=os.environ["MASTER_ADDR"],
+                    port=int(os.environ["MASTER_PORT"]),
+                    is_master=False,
+                    wait_for_workers=False,
+                )
                 for key in _MANAGER_STORE_KEYS:
                     store.delete_key(key)
             group_barrier()
