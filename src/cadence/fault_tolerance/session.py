@@ -83,6 +83,7 @@ class FaultTolerantSession:
                 "the script with `cadence launch --fault_tolerance ...`"
             )
         self.config = config
+        self.device = device
         self.group_rank = group_rank
         self.group_world_size = group_world_size
         timeout = timedelta(seconds=config.timeout)
@@ -338,21 +339,59 @@ class FaultTolerantSession:
         self.loaders.append(loader)
         return loader
 
-    def check_gather_for_metrics(self, active_loader: Any, process_index: int) -> None:
-        """Refuse `gather_for_metrics` over a fault-tolerant loader of a job of several groups:
-        its batches are cut over every group's ranks, the gather reaches this group's only, so
-        the result would silently miss the other groups' samples."""
-        if (self.config.replica_groups or 2) < 2:
-            return
-        if not any(active_loader is loader for loader in self.loaders):
-            return
-        raise RuntimeError(
-            f"process {process_index} of replica group {self.config.replica_group}: "
-            "gather_for_metrics over a DataLoader prepared under fault tolerance would gather "
-            "only this group's share of its batches (the exactly-once cursor cuts them over all "
-            "the groups' ranks). Evaluate on a DataLoader you do not prepare, split by "
-            "accelerator.process_index / accelerator.num_processes: gather_for_metrics then "
-            "gathers it whole over this group's ranks (docs: Training through failures, limits)"
+    def cuts(self, active_loader: Any) -> bool:
+        """Whether `active_loader` (the dataloader being iterated) is one of this session's
+        exactly-once loaders, whose batches are cut over every group's ranks."""
+        return any(active_loader is loader for loader in self.loaders)
+
+    def gather_for_metrics(self, data: Any, use_gather_object: bool, process_index: int) -> Any:
+        """The open step's results of every participating rank across the groups, in participating
+        order: the step's global batch, each sample once (metrics.py).
+
+        Raises:
+            RuntimeError: outside a step (after the optimizer stepped, the batch's step is closed),
+                or when a replica group was lost during the gather (its rows would be missing).
+        """
+        from .metrics import gather_step  # deferred: loaded on the first gather
+
+        view = self._view
+        where = f"process {process_index} of replica group {self.config.replica_group}"
+        if view is None:
+            raise RuntimeError(
+                f"{where}: gather_for_metrics over a DataLoader prepared under fault tolerance "
+                "gathers the samples of the step that is open, and none is: the optimizer has "
+                "stepped (the step closed), so the batch's step is over. Call gather_for_metrics "
+                "before optimizer.step(), or in an evaluation loop (docs: Training through "
+                "failures, limits)"
+            )
+        device = self.device
+
+        def sum_in_group(tensor: torch.Tensor) -> None:
+            if self.group_world_size > 1:
+                moved = tensor.to(device)
+                torch.distributed.all_reduce(moved, op=torch.distributed.ReduceOp.SUM)
+                tensor.copy_(moved.cpu())
+
+        def sum_across_groups(tensor: torch.Tensor) -> None:
+            from torch.distributed import ReduceOp
+
+            moved = tensor.to(device)
+            self.manager.allreduce(moved, reduce_op=ReduceOp.SUM).wait()
+            if self.manager.errored() is not None:
+                raise RuntimeError(
+                    f"{where}: a replica group was lost during gather_for_metrics at step "
+                    f"{self.manager.current_step()}, so its samples are missing from the "
+                    "result; the step is discarded and its samples drawn again (gather them "
+                    "then)"
+                )
+            tensor.copy_(moved.cpu())
+
+        return gather_step(
+            data,
+            use_gather_object,
+            view=view,
+            sum_in_group=sum_in_group,
+            sum_across_groups=sum_across_groups,
         )
 
     def writes_checkpoints(self) -> bool:
