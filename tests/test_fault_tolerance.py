@@ -386,6 +386,8 @@ def test_fault_tolerance_without_torchft_is_a_clear_error(
         (["--fault_tolerance", "--lighthouse", "127.0.0.1:1"], "--lighthouse needs --replica_group"),
         (["--fault_tolerance", "--replica_groups", "2", "--min_replicas", "3"], "no step could ever commit"),
         (["--fault_tolerance", "--replica_groups", "2", "--heartbeat_timeout", "0"], "heartbeat_timeout must be more than 0"),
+        (["--fault_tolerance", "--replica_groups", "2", "--use_fsdp"], "--use_fsdp with --fault_tolerance"),
+        (["--fault_tolerance", "--replica_groups", "2", "--use_deepspeed"], "--use_deepspeed with --fault_tolerance"),
     ],
 )  # fmt: skip
 def test_bad_fault_tolerance_flags_are_refused_before_start(
@@ -412,3 +414,51 @@ def test_fault_tolerance_config_in_code_is_checked() -> None:
         FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_group=2, replica_groups=2)
     config = FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_groups=2)
     assert FaultToleranceConfig.from_record(config.to_record()) == config
+
+
+def _parallelism(kind: str) -> dict:
+    import cadence
+
+    if kind == "deepspeed":
+        pytest.importorskip("deepspeed")
+        return {"deepspeed_plugin": cadence.DeepSpeedPlugin(zero_stage=2)}
+    if kind == "fsdp":
+        return {"fsdp_plugin": cadence.FullyShardedDataParallelPlugin()}
+    if kind == "tp_plugin":
+        from cadence.utils import TorchTensorParallelPlugin
+
+        return {"torch_tp_plugin": TorchTensorParallelPlugin(tp_size=2)}
+    return {"parallelism_config": cadence.ParallelismConfig(**{kind: 2})}
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        ("fsdp", "FSDP (fsdp_plugin / --use_fsdp)"),
+        ("deepspeed", "DeepSpeed (deepspeed_plugin / --use_deepspeed)"),
+        ("tp_plugin", "tensor parallelism (torch_tp_plugin)"),
+        ("dp_shard_size", "FSDP2 sharding (HSDP) (dp_shard_size)"),
+        ("tp_size", "tensor parallelism (tp_size)"),
+        ("cp_size", "context parallelism (cp_size)"),
+    ],
+)
+def test_parallelism_inside_a_group_other_than_ddp_is_refused_before_start(
+    kind: str, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every parallelism but DDP inside a replica group, asked for in code, is refused by
+    `Accelerator()` before anything starts (no process group, no Lighthouse contact: the
+    Lighthouse address here has nothing behind it)."""
+    pytest.importorskip("torchft")
+    import torch
+
+    from cadence import Accelerator
+    from cadence.fault_tolerance import FaultToleranceConfig
+
+    monkeypatch.setenv("ACCELERATE_ALLOW_CP_STANDALONE", "true")  # cp without FSDP gets this far
+    config = FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_group=1)
+    with pytest.raises(ValueError) as refused:
+        Accelerator(cpu=True, kwargs_handlers=[config], **_parallelism(kind))
+    message = str(refused.value)
+    assert f"fault tolerance (replica group 1) cannot train with {named}" in message
+    assert "DDP over the group's processes" in message  # what is supported
+    assert not torch.distributed.is_initialized()

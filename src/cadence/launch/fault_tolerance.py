@@ -24,6 +24,7 @@ from ..fault_tolerance.config import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_QUORUM_TIMEOUT,
+    SUPPORTED_INSIDE_A_GROUP,
     FaultToleranceConfig,
     check_fields,
     torchft_missing_message,
@@ -91,8 +92,16 @@ def _take(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
-def _check(ft: dict[str, Any]) -> None:
+def _check(ft: dict[str, Any], args: argparse.Namespace | None = None) -> None:
     problems = []
+    given = vars(args) if args is not None else {}
+    if ft.get("fault_tolerance"):
+        for flag in ("use_fsdp", "use_deepspeed"):
+            if given.get(flag):
+                problems.append(
+                    f"--{flag} with --fault_tolerance: inside a replica group Cadence supports "
+                    f"{SUPPORTED_INSIDE_A_GROUP} (FSDP/HSDP and DeepSpeed are not supported)"
+                )
     missing = torchft_missing_message("--fault_tolerance")
     if missing:
         problems.append(missing)
@@ -143,7 +152,7 @@ def _config_fields(ft: dict[str, Any], lighthouse: str, host: str = "127.0.0.1")
 def fault_tolerant_launch(args: argparse.Namespace, dry_run: bool) -> int:
     """Run `cadence launch` with fault tolerance (the Lighthouse and every group, or one group)."""
     ft = _take(args)
-    _check(ft)
+    _check(ft, args)
     # torchft's Rust servers log every quorum at INFO; the quorum changes Cadence reports are the
     # lines that matter (set RUST_LOG=info, or pass --debug, to see torchft's own).
     os.environ.setdefault("RUST_LOG", "info" if vars(args).get("debug") else "warn")
