@@ -63,18 +63,18 @@ def main() -> None:
         plain_ms, ft_ms = [], []
         for i in range(rounds.rounds):
             plain = Path(folder) / f"plain{i}"
-            load = run(plain, ["--num_processes", "1"], FT_SAMPLES=str(int(samples) // 2), **MLP)
+            load = run(plain, ["--num_processes", "2"], FT_SAMPLES=samples, **MLP)
             plain_ms.append(step_ms(ledger(plain, 0)))
-            print(f"round {i}: plain 1 process   {plain_ms[-1]:7.2f} ms/step  (load {load:.1f})")
+            print(f"round {i}: plain DDP, 2 processes {plain_ms[-1]:7.2f} ms/step  (load {load:.1f})")
             ft = Path(folder) / f"ft{i}"
             load = run(
                 ft, ["--fault_tolerance", "--replica_groups", "2"], FT_SAMPLES=samples, **MLP
             )
             rows = [r for r in ledger(ft, 0) if r["participants"] == 2]
             ft_ms.append(step_ms(rows))
-            print(f"round {i}: 2 groups with FT  {ft_ms[-1]:7.2f} ms/step  (load {load:.1f})")
+            print(f"round {i}: 2 groups x 1, FT      {ft_ms[-1]:7.2f} ms/step  (load {load:.1f})")
         ratio = statistics.median(f / p for f, p in zip(ft_ms, plain_ms))
-        print(f"healthy step, 2 groups with fault tolerance / plain 1 process: {ratio:.2f}x")
+        print(f"healthy step, 2 groups with fault tolerance / plain DDP of 2 processes: {ratio:.2f}x")
         kill = Path(folder) / "kill"
         load = run(
             kill, ["--fault_tolerance", "--replica_groups", "2"], FT_SAMPLES="256",

@@ -29,6 +29,7 @@ from ..fault_tolerance.config import (
     check_fields,
     torchft_missing_message,
 )
+from ..runtime import hardware
 from .args import build_launch_parser
 from .banner import format_banner, format_dry_run
 from .fault_tolerance_flags import FT_FLAGS, wants_fault_tolerance_flags
@@ -214,10 +215,22 @@ def _flag_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def _threads_argv(args: argparse.Namespace, groups: int) -> list[str]:
+    """`--num_cpu_threads_per_process` for each group's launcher when the threads are left to the
+    default on CPU: the machine's cores shared by every group's processes, not by one group's (each
+    group's launcher alone would give its N processes cores / N threads each, G times too many)."""
+    plan = build_plan(argparse.Namespace(**vars(args)))
+    threads = plan.settings["num_cpu_threads_per_process"]
+    if not str(threads.source).startswith("default: ") or plan.device.value != "cpu":
+        return []
+    cores = hardware.usable_cpu_count()
+    return ["--num_cpu_threads_per_process", str(max(1, cores // (groups * plan.nproc_per_node)))]
+
+
 def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> int:
     groups = int(ft["replica_groups"])
     host = _machine_host(args)
-    flags = _flag_argv(args)
+    flags = _flag_argv(args) + _threads_argv(args, groups)
     script = [args.training_script, *(getattr(args, "training_script_args", None) or [])]
     max_restarts = vars(args).get("max_restarts", DEFAULT_MAX_RESTARTS)
     summary = (
