@@ -134,6 +134,8 @@ class FaultTolerantSession:
         self._members: frozenset[int] | None = None
         self.discarded_steps = 0
         self.committed_steps = 0
+        # One thread for the session's life, not one per step: it says why a quorum is late.
+        self._watchdog = _QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
 
     # -- what a healing group receives ----------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -174,11 +176,7 @@ class FaultTolerantSession:
         if self._view is not None:
             return self._view
         step = self.manager.current_step()
-        waiting = threading.Timer(
-            max(2.0, 3 * self.config.heartbeat_timeout), self._say_waiting, args=(step,)
-        )
-        waiting.daemon = True
-        waiting.start()
+        self._watchdog.arm(step)
         try:
             self.manager.start_quorum()
             self._wait_for_every_group()
@@ -191,7 +189,7 @@ class FaultTolerantSession:
                 f"restarts it: {error}"
             ) from error
         finally:
-            waiting.cancel()
+            self._watchdog.disarm()
         if self._healed_from is not None and self.group_rank == 0:
             say(
                 f"group {self.config.replica_group} healed from group {self._healed_from} "
@@ -404,6 +402,52 @@ class FaultTolerantSession:
     def shutdown(self) -> None:
         """Leave the quorum: stop this group's torchft servers."""
         self.manager.shutdown(wait=False)
+
+
+class _QuorumWatchdog:
+    """Calls `say(step)` when a quorum armed for `step` is still not formed after `delay` s."""
+
+    def __init__(self, delay: float, say: Callable[[int], None]) -> None:
+        self.delay = delay
+        self.say = say
+        self._armed: tuple[int, int] | None = None  # (arming serial, step): a re-armed step is new
+        self._serial = 0
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, step: int) -> None:
+        """Start waiting for the quorum of `step`."""
+        with self._changed:
+            self._serial += 1
+            self._armed = (self._serial, step)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="cadence_quorum_watchdog", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def disarm(self) -> None:
+        """The quorum formed (or failed)."""
+        with self._changed:
+            self._armed = None
+            self._changed.notify()
+
+    def _watch(self) -> None:
+        while True:  # a daemon thread: ends with the process
+            with self._changed:
+                while self._armed is None:
+                    self._changed.wait()
+                armed = self._armed
+                deadline = time.monotonic() + self.delay
+                while self._armed == armed and time.monotonic() < deadline:
+                    self._changed.wait(max(0.0, deadline - time.monotonic()))
+                late = self._armed == armed
+            if late:
+                self.say(armed[1])
+                with self._changed:
+                    while self._armed == armed:  # once per late quorum
+                        self._changed.wait()
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
