@@ -5,12 +5,20 @@ restarted group to heal.
     PYTHONPATH=src python benchmarks/bench_fault_tolerance.py [--rounds 2]
 
 Runs tests/ft_scripts/ft_train.py through `cadence launch`. The comparison: an MLP (4 -> 512 ->
-512 -> 1, batch 64 per process) trained by a plain `cadence launch --num_processes 1` and by two
-replica groups of one process each (`--fault_tolerance --replica_groups 2`), the runs interleaved
-(plain, fault-tolerant, plain, ...) so that the shared machine's load falls on both alike; the
-healthy step time is the median interval between ledger lines, and the ratio is fault-tolerant over
-plain. Then the tiny linear model with group 1 SIGKILLed at its 5th step. The load average is
-printed beside each run: on a shared machine read the ratio with it.
+512 -> 1, batch 64 per process) trained by a plain `cadence launch --num_processes 2` (DDP over 2
+processes, global batch 128) and by two replica groups of one process each (`--fault_tolerance
+--replica_groups 2`, the same global batch), the runs interleaved (plain, fault-tolerant, plain, ...)
+so that the shared machine's load falls on both alike; the healthy step time is the median interval
+between ledger lines, and the ratio is fault-tolerant over plain. Then the tiny linear model with
+group 1 SIGKILLed at its 5th step. The load average is printed beside each run: on a shared machine
+read the ratio with it.
+
+Measured (2-core shared CPU machine, torch 2.13.0, torchft 0.2.0, 3 rounds, load average 2.1-5.5
+during the runs): plain DDP 9.54 / 10.58 / 10.74 ms a step, fault tolerance 14.57 / 15.30 / 15.08 ms,
+ratio 1.45x (target 1.05x, not met: the ~5 ms are torchft's synchronous quorum, 5-9 ms, its commit
+vote, ~1 ms, and the cross-group all-reduce after the backward pass; see docs/how-to/
+training-through-failures.md, "What it costs"). Death to the survivor's next commit 1.06 s; death to
+the restarted worker's start 2.21 s; its start to its first committed (healed) step 1.91 s.
 """
 
 from __future__ import annotations
@@ -65,7 +73,9 @@ def main() -> None:
             plain = Path(folder) / f"plain{i}"
             load = run(plain, ["--num_processes", "2"], FT_SAMPLES=samples, **MLP)
             plain_ms.append(step_ms(ledger(plain, 0)))
-            print(f"round {i}: plain DDP, 2 processes {plain_ms[-1]:7.2f} ms/step  (load {load:.1f})")
+            print(
+                f"round {i}: plain DDP, 2 processes {plain_ms[-1]:7.2f} ms/step  (load {load:.1f})"
+            )
             ft = Path(folder) / f"ft{i}"
             load = run(
                 ft, ["--fault_tolerance", "--replica_groups", "2"], FT_SAMPLES=samples, **MLP
@@ -74,7 +84,9 @@ def main() -> None:
             ft_ms.append(step_ms(rows))
             print(f"round {i}: 2 groups x 1, FT      {ft_ms[-1]:7.2f} ms/step  (load {load:.1f})")
         ratio = statistics.median(f / p for f, p in zip(ft_ms, plain_ms))
-        print(f"healthy step, 2 groups with fault tolerance / plain DDP of 2 processes: {ratio:.2f}x")
+        print(
+            f"healthy step, 2 groups with fault tolerance / plain DDP of 2 processes: {ratio:.2f}x"
+        )
         kill = Path(folder) / "kill"
         load = run(
             kill, ["--fault_tolerance", "--replica_groups", "2"], FT_SAMPLES="256",

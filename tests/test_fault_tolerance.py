@@ -27,9 +27,21 @@ def _launch(
 ) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "cadence.commands.cli", "launch", "--cpu", *flags, str(SCRIPT)]
-    return subprocess.run(
-        argv, env=_env(FT_OUT=str(out), **knobs), capture_output=True, text=True, timeout=timeout
-    )
+    try:
+        return subprocess.run(
+            argv,
+            env=_env(FT_OUT=str(out), **knobs),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as late:  # the output says where it stuck
+        text = [
+            t.decode() if isinstance(t, bytes) else (t or "") for t in (late.stdout, late.stderr)
+        ]
+        return subprocess.CompletedProcess(
+            argv, -9, text[0], text[1] + f"\n[timed out: {timeout} s]"
+        )
 
 
 def _lines(out: Path, group: int) -> list[dict]:
