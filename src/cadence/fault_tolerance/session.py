@@ -96,8 +96,8 @@ class FaultTolerantSession:
                 # torchft reads them at the root of the group's store (its own client, no prefix);
                 # the default group's store would prefix them ("default_pg/") and miss them.
                 store = torch.distributed.TCPStore(
-                    host_name=os.environ["MASTER_ADDR"],
-                    port=int(os.environ["MASTER_PORT"]),
+                    host_name=str(env_text("MASTER_ADDR")),
+                    port=int(env_text("MASTER_PORT") or 0),
                     is_master=False,
                     wait_for_workers=False,
                 )

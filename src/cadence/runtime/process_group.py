@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.enums import DistributedType
-from ..core.settings import device_from_env
+from ..core.settings import device_from_env, env_text
 from ..xla import runtime as xla_runtime
 from .topology import Topology
 
@@ -116,13 +116,13 @@ def _agent_store_of_this_attempt(init_method: str, timeout: timedelta) -> dist.S
     connected to the addresses of ranks that are gone ("Connection refused" in connectFullMesh,
     depending on which rank wrote first). Every torch release gets the per-attempt prefix here.
     """
-    if init_method != "env://" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if init_method != "env://" or env_text("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = env_text("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(
-        host_name=os.environ["MASTER_ADDR"],
-        port=int(os.environ["MASTER_PORT"]),
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        host_name=str(env_text("MASTER_ADDR")),
+        port=int(env_text("MASTER_PORT") or 0),
+        world_size=int(env_text("WORLD_SIZE", "1") or 1),
         is_master=False,
         timeout=timeout,
     )
