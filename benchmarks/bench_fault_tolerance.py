@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "ft_scripts" / "ft_train.py"
-MLP = {"FT_MLP": "512", "FT_BATCH": "64"}
+BATCH = "64"
 
 
 def run(out: Path, flags: list[str], **knobs: str) -> float:
@@ -65,20 +65,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--samples", type=int, default=64 * 2 * 60)  # 60 two-group steps
+    parser.add_argument("--width", type=int, default=512, help="the MLP's hidden width")
+    parser.add_argument("--no_kill", action="store_true", help="healthy steps only")
     rounds = parser.parse_args()
+    mlp = {"FT_MLP": str(rounds.width), "FT_BATCH": BATCH}
     samples = str(rounds.samples)
     with tempfile.TemporaryDirectory() as folder:
         plain_ms, ft_ms = [], []
         for i in range(rounds.rounds):
             plain = Path(folder) / f"plain{i}"
-            load = run(plain, ["--num_processes", "2"], FT_SAMPLES=samples, **MLP)
+            load = run(plain, ["--num_processes", "2"], FT_SAMPLES=samples, **mlp)
             plain_ms.append(step_ms(ledger(plain, 0)))
             print(
                 f"round {i}: plain DDP, 2 processes {plain_ms[-1]:7.2f} ms/step  (load {load:.1f})"
             )
             ft = Path(folder) / f"ft{i}"
             load = run(
-                ft, ["--fault_tolerance", "--replica_groups", "2"], FT_SAMPLES=samples, **MLP
+                ft, ["--fault_tolerance", "--replica_groups", "2"], FT_SAMPLES=samples, **mlp
             )
             rows = [r for r in ledger(ft, 0) if r["participants"] == 2]
             ft_ms.append(step_ms(rows))
@@ -87,6 +90,8 @@ def main() -> None:
         print(
             f"healthy step, 2 groups with fault tolerance / plain DDP of 2 processes: {ratio:.2f}x"
         )
+        if rounds.no_kill:
+            return
         kill = Path(folder) / "kill"
         load = run(
             kill, ["--fault_tolerance", "--replica_groups", "2"], FT_SAMPLES="256",

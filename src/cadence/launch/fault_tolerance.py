@@ -189,10 +189,19 @@ def _run_group(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> i
     return run_plan(plan)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+def _free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct free ports of `host`: every probe stays bound until all are chosen, so the
+    system cannot hand the same port to two groups' stores."""
+    probes = []
+    try:
+        for _ in range(count):
+            probe = socket.socket()
+            probes.append(probe)
+            probe.bind((host, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _flag_argv(args: argparse.Namespace) -> list[str]:
@@ -248,6 +257,7 @@ def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> 
     if not quiet:
         _say(summary + f"\n  Lighthouse: {url} (bound to {host})")
     children = []
+    ports = _free_ports(host, groups)
     try:
         for index in range(groups):
             argv = [
@@ -257,7 +267,7 @@ def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> 
                 "--min_replicas", str(ft["min_replicas"]),
                 "--heartbeat_timeout", str(ft["heartbeat_timeout"]),
                 "--quorum_timeout", str(ft["quorum_timeout"]),
-                "--main_process_port", str(_free_port(host)),
+                "--main_process_port", str(ports[index]),
                 *(["--max_restarts", str(max_restarts)] if "max_restarts" not in vars(args) else []),
                 *flags, *script,
             ]  # fmt: skip
