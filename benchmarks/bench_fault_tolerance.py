@@ -13,12 +13,16 @@ between ledger lines, and the ratio is fault-tolerant over plain. Then the tiny 
 group 1 SIGKILLed at its 5th step. The load average is printed beside each run: on a shared machine
 read the ratio with it.
 
-Measured (2-core shared CPU machine, torch 2.13.0, torchft 0.2.0, 3 rounds, load average 2.1-5.5
-during the runs): plain DDP 9.54 / 10.58 / 10.74 ms a step, fault tolerance 14.57 / 15.30 / 15.08 ms,
-ratio 1.45x (target 1.05x, not met: the ~5 ms are torchft's synchronous quorum, 5-9 ms, its commit
-vote, ~1 ms, and the cross-group all-reduce after the backward pass; see docs/how-to/
-training-through-failures.md, "What it costs"). Death to the survivor's next commit 1.06 s; death to
-the restarted worker's start 2.21 s; its start to its first committed (healed) step 1.91 s.
+Measured (2-core shared CPU machine, torch 2.13.0, torchft 0.2.0, 3 rounds each; ms a step, plain
+DDP / fault tolerance):
+- width 512, load average 2.1-5.5: 9.54 / 14.57, 10.58 / 15.30, 10.74 / 15.08: ratio 1.45x;
+- width 512, load average 2.4-2.7: 10.80 / 13.65, 7.90 / 9.47, 5.57 / 9.55: ratio 1.26x;
+- width 2048 (--width 2048 --samples 3840 --no_kill), load average 2.6-2.9: 68.74 / 82.56,
+  48.39 / 56.50, 81.38 / 62.58: ratio 1.17x.
+Target 1.05x, not met: the extra 2-5 ms a step are torchft's synchronous quorum, its commit vote and
+the cross-group all-reduce after the backward pass (docs/how-to/training-through-failures.md, "What
+it costs"). Death to the survivor's next commit 1.06 s (twice); death to the restarted worker's
+start 1.87-2.21 s; its start to its first committed (healed) step 1.91-2.24 s.
 """
 
 from __future__ import annotations
