@@ -175,15 +175,20 @@ def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path
     the same weights. gather_for_metrics in each step returns the step's global batch (the four
     ranks' slices, group by group in participating order), the same on every rank; over the
     committed steps it covers the epoch once; a gather that lost a group raised and its step was
-    discarded; after the optimizer stepped it is refused."""
+    discarded; after the optimizer stepped it is refused. Batches of 3: 12 samples a step with both
+    groups, 6 alone, so the epoch ends in a shorter step (4 samples, one per rank, or 10 shared
+    3/3/2/2, as the number of steps trained alone is even or odd) that every rank gathers whole."""
     pytest.importorskip("torchft")
     import torch
 
-    samples = 64
+    # The survivor, sleeping 2 s a step alone, has 14 steps left after the kill: it outlasts the
+    # restart of a two-process group on a loaded machine (the run lasts as long as that restart).
+    samples = 124
     result = _launch(
         tmp_path, "--fault_tolerance", "--replica_groups", "2", "--nproc_per_node", "2",
-        FT_SAMPLES=str(samples), FT_KILL_GROUP="1", FT_KILL_AT="3", FT_SLOW_ALONE="1.0",
-        FT_GATHER="1",
+        "--max_restarts", "1",
+        FT_SAMPLES=str(samples), FT_BATCH="3", FT_KILL_GROUP="1", FT_KILL_AT="3",
+        FT_SLOW_ALONE="2.0", FT_GATHER="1",
     )  # fmt: skip
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-6000:]
@@ -220,6 +225,8 @@ def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path
         assert torch.equal(torch.tensor(results[0]["x"]), expected)
         gathered_ids += results[0]["ids"]
     assert sorted(gathered_ids) == list(range(samples))  # the epoch once, through the cursor
+    last = steps[max(steps)]
+    assert sum(len(r["ids"]) for r in last.values()) in (4, 10)  # the tail, each sample once
     for rows in ledgers.values():  # a gather that lost a group said so; its step was discarded
         assert all(not r["committed"] for r in rows if "error" in r.get("gathered", {}))
     refused = (tmp_path / "gather_refused.0").read_text()
