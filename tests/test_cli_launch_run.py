@@ -224,6 +224,31 @@ def test_max_restarts_restarts_the_group_after_a_failure(tmp_path):
     assert (tmp_path / "attempt1-rank0").exists() and (tmp_path / "attempt1-rank1").exists()
 
 
+def test_a_restarted_group_joins_a_new_process_group(tmp_path):
+    """Each attempt joins a gloo group through the agent's store; attempt 0's ranks die (SIGKILL)
+    after it formed. Attempt 1 must form its own group, not read attempt 0's rank addresses: torch
+    2.13 dropped the per-attempt key prefix while the static rendezvous keeps one store (the
+    restarted ranks failed in gloo's connectFullMesh with 'Connection refused')."""
+    write_script(
+        tmp_path,
+        "rejoin.py",
+        """
+        import os, signal, time
+        from cadence import Accelerator
+        accelerator = Accelerator(cpu=True)
+        accelerator.wait_for_everyone()
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if attempt == 0:
+            time.sleep(0.5)  # both ranks wrote their addresses: a later attempt could read them
+            os.kill(os.getpid(), signal.SIGKILL)
+        print("JOINED", attempt, accelerator.process_index, flush=True)
+        """,
+    )
+    result = launch(tmp_path, "-q", "--num_processes", "2", "--max_restarts", "1", "rejoin.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "JOINED 1 0" in result.stdout and "JOINED 1 1" in result.stdout
+
+
 def test_no_python_runs_an_executable(tmp_path):
     result = launch(tmp_path, "-q", "--no_python", "sh", "-c", 'echo "NOPY $RANK $WORLD_SIZE"')
     assert result.returncode == 0, result.stderr

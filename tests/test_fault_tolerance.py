@@ -27,9 +27,21 @@ def _launch(
 ) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "cadence.commands.cli", "launch", "--cpu", *flags, str(SCRIPT)]
-    return subprocess.run(
-        argv, env=_env(FT_OUT=str(out), **knobs), capture_output=True, text=True, timeout=timeout
-    )
+    try:
+        return subprocess.run(
+            argv,
+            env=_env(FT_OUT=str(out), **knobs),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as late:  # the output says where it stuck
+        text = [
+            t.decode() if isinstance(t, bytes) else (t or "") for t in (late.stdout, late.stderr)
+        ]
+        return subprocess.CompletedProcess(
+            argv, -9, text[0], text[1] + f"\n[timed out: {timeout} s]"
+        )
 
 
 def _lines(out: Path, group: int) -> list[dict]:
@@ -92,9 +104,6 @@ def test_group_killed_between_steps_survivor_continues_and_heal_matches(
     assert any(r["participants"] == 1 and r["committed"] for r in survivor)  # trained alone
     assert "replica group 1 lost at step" in text and "1 of 2 groups training" in text
     assert "group 1 healed from group 0 at step" in text
-    # gather_for_metrics over the cursor's loader would miss the other group's samples: refused.
-    refused = (tmp_path / "gather_refused.0").read_text()
-    assert "process 0 of replica group 0: gather_for_metrics" in refused
     # The scheduler followed committed steps only: the same learning rate on both at the end.
     assert survivor[-1]["lr"] == _ledger(tmp_path, 1)[-1]["lr"]
 
@@ -105,16 +114,10 @@ def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
     """Replay, in this process, each committed step of the ledger: the same samples per
     participant, gradients averaged over the step's participants, SGD and the scheduler stepped
     once; the run's final weights (after a kill, a degraded stretch and a heal) are the replay's."""
-    import importlib.util
-
     import torch
 
     out, _ = killed_run
-    spec = importlib.util.spec_from_file_location("ft_train", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    data = script.Indexed(SAMPLES)
+    data = _script().Indexed(SAMPLES)
     steps: dict[int, list[dict]] = {}
     for group in (0, 1):
         for record in _ledger(out, group):
@@ -141,6 +144,94 @@ def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
     replay = torch.cat([p.detach().flatten() for p in model.parameters()])
     final = torch.tensor(_weights(out, 0))
     torch.testing.assert_close(final, replay, rtol=1e-5, atol=1e-6)
+
+
+def _script():
+    """The training script as a module (its dataset)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ft_train", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def _rank_ledgers(out: Path, groups: int, ranks: int) -> dict[tuple[int, int], list[dict]]:
+    """(group, rank) -> that rank's step records."""
+    found = {}
+    for group in range(groups):
+        for rank in range(ranks):
+            path = out / f"ledger.{group}.{rank}.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            found[(group, rank)] = [r for r in rows if "committed" in r]
+    return found
+
+
+def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path) -> None:
+    """2 replica groups x 2 processes (DDP inside a group, the Manager's average across groups):
+    group 1 SIGKILLed between steps and restarted by its agent (both its processes), the survivor
+    goes on alone and the group heals. Every sample trained exactly once, the four ranks end with
+    the same weights. gather_for_metrics in each step returns the step's global batch (the four
+    ranks' slices, group by group in participating order), the same on every rank; over the
+    committed steps it covers the epoch once; a gather that lost a group raised and its step was
+    discarded; after the optimizer stepped it is refused. Batches of 3: 12 samples a step with both
+    groups, 6 alone, so the epoch ends in a shorter step (4 samples, one per rank, or 10 shared
+    3/3/2/2, as the number of steps trained alone is even or odd) that every rank gathers whole."""
+    pytest.importorskip("torchft")
+    import torch
+
+    # The survivor, sleeping 2 s a step alone, has 14 steps left after the kill: it outlasts the
+    # restart of a two-process group on a loaded machine (the run lasts as long as that restart).
+    samples = 124
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "2", "--nproc_per_node", "2",
+        "--max_restarts", "1",
+        FT_SAMPLES=str(samples), FT_BATCH="3", FT_KILL_GROUP="1", FT_KILL_AT="3",
+        FT_SLOW_ALONE="2.0", FT_GATHER="1",
+    )  # fmt: skip
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-6000:]
+    ledgers = _rank_ledgers(tmp_path, 2, 2)
+    committed = sorted(
+        i for rows in ledgers.values() for r in rows if r["committed"] for i in r["ids"]
+    )
+    assert committed == list(range(samples))
+    assert {r["incarnation"] for g in (0,) for k in (0, 1) for r in ledgers[(g, k)]} == {0}
+    assert {r["incarnation"] for k in (0, 1) for r in ledgers[(1, k)]} == {0, 1}
+    assert "replica group 1 lost at step" in text and "group 1 healed from group 0" in text
+    weights = [json.loads((tmp_path / f"weights.{g}.{k}.json").read_text())["weights"]
+               for g in (0, 1) for k in (0, 1)]  # fmt: skip
+    assert all(w == weights[0] for w in weights)
+    # gather_for_metrics: per committed step, every rank's result is the step's global batch.
+    steps: dict[int, dict[tuple[int, int], dict]] = {}
+    for key, rows in ledgers.items():
+        for record in rows:
+            if record["committed"]:
+                steps.setdefault(record["step"], {})[key] = record
+    data = _script().Indexed(samples)
+    gathered_ids = []
+    for step, records in sorted(steps.items()):
+        groups = sorted({g for g, _ in records})
+        assert len(records) == 2 * len(groups)  # both ranks of each participating group
+        orders = [
+            [i for g in order for k in (0, 1) for i in records[(g, k)]["ids"]]
+            for order in (groups, groups[::-1])
+        ]  # the groups' participating order is the quorum's
+        results = [r["gathered"] for r in records.values()]
+        assert all(result == results[0] for result in results), step  # the same on every rank
+        assert results[0]["ids"] in orders and results[0]["objects"] == results[0]["ids"]
+        expected = data.x[torch.tensor(results[0]["ids"])]  # the inputs, rows in the same order
+        assert torch.equal(torch.tensor(results[0]["x"]), expected)
+        gathered_ids += results[0]["ids"]
+    assert sorted(gathered_ids) == list(range(samples))  # the epoch once, through the cursor
+    last = steps[max(steps)]
+    assert sum(len(r["ids"]) for r in last.values()) in (4, 10)  # the tail, each sample once
+    for rows in ledgers.values():  # a gather that lost a group said so; its step was discarded
+        assert all(not r["committed"] for r in rows if "error" in r.get("gathered", {}))
+    refused = (tmp_path / "gather_refused.0").read_text()
+    assert "of replica group 0: gather_for_metrics over a DataLoader prepared under" in refused
+    assert "Call gather_for_metrics before optimizer.step()" in refused
 
 
 def _saved_step(out: Path) -> int:
@@ -314,6 +405,8 @@ def test_fault_tolerance_without_torchft_is_a_clear_error(
         (["--fault_tolerance", "--lighthouse", "127.0.0.1:1"], "--lighthouse needs --replica_group"),
         (["--fault_tolerance", "--replica_groups", "2", "--min_replicas", "3"], "no step could ever commit"),
         (["--fault_tolerance", "--replica_groups", "2", "--heartbeat_timeout", "0"], "heartbeat_timeout must be more than 0"),
+        (["--fault_tolerance", "--replica_groups", "2", "--use_fsdp"], "--use_fsdp with --fault_tolerance"),
+        (["--fault_tolerance", "--replica_groups", "2", "--use_deepspeed"], "--use_deepspeed with --fault_tolerance"),
     ],
 )  # fmt: skip
 def test_bad_fault_tolerance_flags_are_refused_before_start(
@@ -340,3 +433,51 @@ def test_fault_tolerance_config_in_code_is_checked() -> None:
         FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_group=2, replica_groups=2)
     config = FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_groups=2)
     assert FaultToleranceConfig.from_record(config.to_record()) == config
+
+
+def _parallelism(kind: str) -> dict:
+    import cadence
+
+    if kind == "deepspeed":
+        pytest.importorskip("deepspeed")
+        return {"deepspeed_plugin": cadence.DeepSpeedPlugin(zero_stage=2)}
+    if kind == "fsdp":
+        return {"fsdp_plugin": cadence.FullyShardedDataParallelPlugin()}
+    if kind == "tp_plugin":
+        from cadence.utils import TorchTensorParallelPlugin
+
+        return {"torch_tp_plugin": TorchTensorParallelPlugin(tp_size=2)}
+    return {"parallelism_config": cadence.ParallelismConfig(**{kind: 2})}
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        ("fsdp", "FSDP (fsdp_plugin / --use_fsdp)"),
+        ("deepspeed", "DeepSpeed (deepspeed_plugin / --use_deepspeed)"),
+        ("tp_plugin", "tensor parallelism (torch_tp_plugin)"),
+        ("dp_shard_size", "FSDP2 sharding (HSDP) (dp_shard_size)"),
+        ("tp_size", "tensor parallelism (tp_size)"),
+        ("cp_size", "context parallelism (cp_size)"),
+    ],
+)
+def test_parallelism_inside_a_group_other_than_ddp_is_refused_before_start(
+    kind: str, named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every parallelism but DDP inside a replica group, asked for in code, is refused by
+    `Accelerator()` before anything starts (no process group, no Lighthouse contact: the
+    Lighthouse address here has nothing behind it)."""
+    pytest.importorskip("torchft")
+    import torch
+
+    from cadence import Accelerator
+    from cadence.fault_tolerance import FaultToleranceConfig
+
+    monkeypatch.setenv("ACCELERATE_ALLOW_CP_STANDALONE", "true")  # cp without FSDP gets this far
+    config = FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_group=1)
+    with pytest.raises(ValueError) as refused:
+        Accelerator(cpu=True, kwargs_handlers=[config], **_parallelism(kind))
+    message = str(refused.value)
+    assert f"fault tolerance (replica group 1) cannot train with {named}" in message
+    assert "DDP over the group's processes" in message  # what is supported
+    assert not torch.distributed.is_initialized()

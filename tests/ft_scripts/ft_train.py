@@ -9,7 +9,9 @@ FT_KILL_IN_ALLREDUCE (with FT_KILL_GROUP / FT_KILL_AT: the victim SIGKILLs itsel
 gradient all-reduce, after its collective started), FT_SAVE_DEGRADED (save_state into FT_OUT/ckpt
 at the first step committed with fewer groups than the job's after the kill), FT_RESUME (load_state from there
 first; the script also runs under a plain `cadence launch`, as one group), FT_ACCUM (gradient
-accumulation steps), FT_MLP (an MLP of that width instead of the linear model).
+accumulation steps), FT_MLP (an MLP of that width instead of the linear model), FT_GATHER
+(gather_for_metrics of each step's ids, inputs and ids as objects, into the ledger; and once after
+the first step closed, where it is refused: FT_OUT/gather_refused.GROUP).
 """
 
 import json
@@ -92,24 +94,33 @@ def main() -> None:
     ledger = open(os.path.join(out, f"ledger.{group}.{accelerator.process_index}.jsonl"), "a")
     steps = 0
     in_allreduce = bool(os.environ.get("FT_KILL_IN_ALLREDUCE"))
+    gather = bool(os.environ.get("FT_GATHER"))
     for ids, x, y in loader:  # bounded: the loader ends when the epoch's cursor is at its end
         if not in_allreduce and group == kill_group and incarnation == 0 and steps == kill_at:
             ledger.close()
             with open(os.path.join(out, "killed_at"), "w") as f:
                 f.write(str(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
-        if ft and steps == 0 and incarnation == 0:  # refused over the fault-tolerant loader
+        gathered = None
+        if gather:  # the step's global batch: every participating rank's ids, x and objects
             try:
-                accelerator.gather_for_metrics(y)
-            except RuntimeError as error:
-                with open(os.path.join(out, f"gather_refused.{group}"), "w") as f:
-                    f.write(str(error))
+                ids_all, x_all = accelerator.gather_for_metrics((ids, x))
+                objects = accelerator.gather_for_metrics(ids.tolist(), use_gather_object=True)
+                gathered = {"ids": ids_all.tolist(), "x": x_all.tolist(), "objects": objects}
+            except RuntimeError as error:  # a group lost during the gather: said, not silent
+                gathered = {"error": str(error)}
         with accelerator.accumulate(model):  # FT_ACCUM micro-batches per optimizer step
             loss = torch.nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
+        if gather and steps == 0 and incarnation == 0:  # the step closed: refused
+            try:
+                accelerator.gather_for_metrics(y)
+            except RuntimeError as error:
+                with open(os.path.join(out, f"gather_refused.{group}"), "w") as f:
+                    f.write(str(error))
         steps += 1
         participants = loader.participants if ft else accelerator.num_processes
         record = {
@@ -122,16 +133,19 @@ def main() -> None:
             "lr": scheduler.get_last_lr()[0],
             "t": time.time(),
         }
+        if gathered is not None:
+            record["gathered"] = gathered
         ledger.write(json.dumps(record) + "\n")
         ledger.flush()
-        degraded = record["committed"] and participants < groups
+        full = groups * accelerator.num_processes  # participating ranks with every group in
+        degraded = record["committed"] and participants < full
         degraded = degraded and os.path.exists(os.path.join(out, "killed_at"))  # after the kill
         if os.environ.get("FT_SAVE_DEGRADED") and degraded and not saved:
             accelerator.save_state(os.path.join(out, "ckpt"))
             saved = True
             ledger.write(json.dumps({"saved_at_step": record["step"]}) + "\n")
             ledger.flush()
-        if slow_alone and participants < groups:
+        if slow_alone and participants < full:
             time.sleep(slow_alone)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     with open(os.path.join(out, f"weights.{group}.{accelerator.process_index}.json"), "w") as f:

@@ -46,10 +46,9 @@ class ProcessMethods:
             gather_for_metrics,  # deferred: loaded on first use, keeps `import cadence` cheap
         )
 
-        if self._fault_tolerance is not None:  # refused over a loader cut across the groups
-            self._fault_tolerance.check_gather_for_metrics(
-                self.gradient_state.active_dataloader, self.process_index
-            )
+        ft, loader = self._fault_tolerance, self.gradient_state.active_dataloader
+        if ft is not None and ft.cuts(loader):  # the step's samples across every replica group
+            return ft.gather_for_metrics(input_data, use_gather_object, self.process_index)
         return gather_for_metrics(input_data, use_gather_object=use_gather_object)
 
     # -- execution control and collectives (the process state and cadence.runtime.collectives) --------------------

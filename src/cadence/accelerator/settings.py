@@ -13,7 +13,11 @@ from typing import Any
 from ..core.enums import DynamoBackend, RNGType
 from ..core.input_errors import rank_named_errors
 from ..core.settings import Resolved, resolve, resolve_flag
-from ..fault_tolerance.config import FaultToleranceConfig, resolve_fault_tolerance
+from ..fault_tolerance.config import (
+    FaultToleranceConfig,
+    check_parallelism,
+    resolve_fault_tolerance,
+)
 from ..options.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -117,6 +121,14 @@ class AcceleratorSettings:
         }
         if xla and parallel.deepspeed_plugins:  # asked for through the launcher or the environment
             raise _xla_deepspeed_error()
+        fault_tolerance = resolve_fault_tolerance(handlers.get("FaultToleranceConfig"), launch)
+        check_parallelism(
+            fault_tolerance,
+            fsdp_plugin=parallel.fsdp_plugin,
+            deepspeed_plugins=parallel.deepspeed_plugins,
+            torch_tp_plugin=args["torch_tp_plugin"],
+            parallelism_config=parallel.parallelism_config,
+        )
         return cls(
             device_placement=bool(args["device_placement"]),
             precision=precision,
@@ -132,7 +144,7 @@ class AcceleratorSettings:
             deepspeed_plugins=parallel.deepspeed_plugins,
             torch_tp_plugin=args["torch_tp_plugin"],
             parallelism_config=parallel.parallelism_config,
-            fault_tolerance=resolve_fault_tolerance(handlers.get("FaultToleranceConfig"), launch),
+            fault_tolerance=fault_tolerance,
             sources=sources,
         )
 

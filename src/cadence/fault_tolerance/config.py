@@ -108,6 +108,54 @@ def check_fields(config: FaultToleranceConfig) -> list[str]:
     return problems
 
 
+SUPPORTED_INSIDE_A_GROUP = (
+    "one process, or DDP over the group's processes (gradients averaged inside the group, then "
+    "across the groups through torchft's Manager)"
+)
+
+
+def check_parallelism(
+    config: FaultToleranceConfig | None,
+    *,
+    fsdp_plugin: Any = None,
+    deepspeed_plugins: Any = None,
+    torch_tp_plugin: Any = None,
+    parallelism_config: Any = None,
+) -> None:
+    """Refuse, before anything starts, a parallelism inside a replica group that fault tolerance
+    cannot make exact: FSDP / FSDP2 (and so HSDP), DeepSpeed, tensor, context or sequence parallelism.
+
+    torchft 0.2.0 replicates FSDP2 shards through a device mesh of its own (HSDP), but the heal of
+    sharded optimizer state, the exactly-once cursor over sharded ranks and the commit gate around
+    FSDP2's reduce-scatter are not built here, and CPU (gloo) runs cannot check them; DDP first.
+    """
+    if config is None:
+        return
+    found: dict[str, str] = {}  # kind -> how it was asked for (a kind named once)
+    if fsdp_plugin is not None:
+        found["FSDP"] = "fsdp_plugin / --use_fsdp"
+    if deepspeed_plugins:
+        found["DeepSpeed"] = "deepspeed_plugin / --use_deepspeed"
+    if torch_tp_plugin is not None:
+        found["tensor parallelism"] = "torch_tp_plugin"
+    if parallelism_config is not None:
+        for name, kind in (
+            ("dp_shard_size", "FSDP2 sharding (HSDP)"),
+            ("tp_size", "tensor parallelism"),
+            ("cp_size", "context parallelism"),
+            ("sp_size", "sequence parallelism"),
+        ):
+            if (getattr(parallelism_config, name, None) or 1) > 1:
+                found.setdefault(kind, name)
+    if found:
+        raise ValueError(
+            f"fault tolerance (replica group {config.replica_group}) cannot train with "
+            f"{', '.join(f'{kind} ({how})' for kind, how in found.items())} inside a replica group: Cadence supports {SUPPORTED_INSIDE_A_GROUP}. "
+            "Drop that setting, or train without --fault_tolerance (docs: Training through "
+            "failures, limits)"
+        )
+
+
 def resolve_fault_tolerance(
     handler: FaultToleranceConfig | None, launch: dict[str, Any]
 ) -> FaultToleranceConfig | None:

@@ -83,6 +83,7 @@ class FaultTolerantSession:
                 "the script with `cadence launch --fault_tolerance ...`"
             )
         self.config = config
+        self.device = device
         self.group_rank = group_rank
         self.group_world_size = group_world_size
         timeout = timedelta(seconds=config.timeout)
@@ -92,7 +93,14 @@ class FaultTolerantSession:
         transport = PGTransport(pg, timeout=timeout, device=device)
         if group_barrier is not None:
             if group_rank == 0:
-                store = torch.distributed.distributed_c10d._get_default_store()
+                # torchft reads them at the root of the group's store (its own client, no prefix);
+                # the default group's store would prefix them ("default_pg/") and miss them.
+                store = torch.distributed.TCPStore(
+                    host_name=str(env_text("MASTER_ADDR")),
+                    port=int(env_text("MASTER_PORT") or 0),
+                    is_master=False,
+                    wait_for_workers=False,
+                )
                 for key in _MANAGER_STORE_KEYS:
                     store.delete_key(key)
             group_barrier()
@@ -126,6 +134,8 @@ class FaultTolerantSession:
         self._members: frozenset[int] | None = None
         self.discarded_steps = 0
         self.committed_steps = 0
+        # One thread for the session's life, not one per step: it says why a quorum is late.
+        self._watchdog = _QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
 
     # -- what a healing group receives ----------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -166,11 +176,7 @@ class FaultTolerantSession:
         if self._view is not None:
             return self._view
         step = self.manager.current_step()
-        waiting = threading.Timer(
-            max(2.0, 3 * self.config.heartbeat_timeout), self._say_waiting, args=(step,)
-        )
-        waiting.daemon = True
-        waiting.start()
+        self._watchdog.arm(step)
         try:
             self.manager.start_quorum()
             self._wait_for_every_group()
@@ -183,7 +189,7 @@ class FaultTolerantSession:
                 f"restarts it: {error}"
             ) from error
         finally:
-            waiting.cancel()
+            self._watchdog.disarm()
         if self._healed_from is not None and self.group_rank == 0:
             say(
                 f"group {self.config.replica_group} healed from group {self._healed_from} "
@@ -331,21 +337,59 @@ class FaultTolerantSession:
         self.loaders.append(loader)
         return loader
 
-    def check_gather_for_metrics(self, active_loader: Any, process_index: int) -> None:
-        """Refuse `gather_for_metrics` over a fault-tolerant loader of a job of several groups:
-        its batches are cut over every group's ranks, the gather reaches this group's only, so
-        the result would silently miss the other groups' samples."""
-        if (self.config.replica_groups or 2) < 2:
-            return
-        if not any(active_loader is loader for loader in self.loaders):
-            return
-        raise RuntimeError(
-            f"process {process_index} of replica group {self.config.replica_group}: "
-            "gather_for_metrics over a DataLoader prepared under fault tolerance would gather "
-            "only this group's share of its batches (the exactly-once cursor cuts them over all "
-            "the groups' ranks). Evaluate on a DataLoader you do not prepare, split by "
-            "accelerator.process_index / accelerator.num_processes: gather_for_metrics then "
-            "gathers it whole over this group's ranks (docs: Training through failures, limits)"
+    def cuts(self, active_loader: Any) -> bool:
+        """Whether `active_loader` (the dataloader being iterated) is one of this session's
+        exactly-once loaders, whose batches are cut over every group's ranks."""
+        return any(active_loader is loader for loader in self.loaders)
+
+    def gather_for_metrics(self, data: Any, use_gather_object: bool, process_index: int) -> Any:
+        """The open step's results of every participating rank across the groups, in participating
+        order: the step's global batch, each sample once (metrics.py).
+
+        Raises:
+            RuntimeError: outside a step (after the optimizer stepped, the batch's step is closed),
+                or when a replica group was lost during the gather (its rows would be missing).
+        """
+        from .metrics import gather_step  # deferred: loaded on the first gather
+
+        view = self._view
+        where = f"process {process_index} of replica group {self.config.replica_group}"
+        if view is None:
+            raise RuntimeError(
+                f"{where}: gather_for_metrics over a DataLoader prepared under fault tolerance "
+                "gathers the samples of the step that is open, and none is: the optimizer has "
+                "stepped (the step closed), so the batch's step is over. Call gather_for_metrics "
+                "before optimizer.step(), or in an evaluation loop (docs: Training through "
+                "failures, limits)"
+            )
+        device = self.device
+
+        def sum_in_group(tensor: torch.Tensor) -> None:
+            if self.group_world_size > 1:
+                moved = tensor.to(device)
+                torch.distributed.all_reduce(moved, op=torch.distributed.ReduceOp.SUM)
+                tensor.copy_(moved.cpu())
+
+        def sum_across_groups(tensor: torch.Tensor) -> None:
+            from torch.distributed import ReduceOp
+
+            moved = tensor.to(device)
+            self.manager.allreduce(moved, reduce_op=ReduceOp.SUM).wait()
+            if self.manager.errored() is not None:
+                raise RuntimeError(
+                    f"{where}: a replica group was lost during gather_for_metrics at step "
+                    f"{self.manager.current_step()}, so its samples are missing from the "
+                    "result; the step is discarded and its samples drawn again (gather them "
+                    "then)"
+                )
+            tensor.copy_(moved.cpu())
+
+        return gather_step(
+            data,
+            use_gather_object,
+            view=view,
+            sum_in_group=sum_in_group,
+            sum_across_groups=sum_across_groups,
         )
 
     def writes_checkpoints(self) -> bool:
@@ -358,6 +402,52 @@ class FaultTolerantSession:
     def shutdown(self) -> None:
         """Leave the quorum: stop this group's torchft servers."""
         self.manager.shutdown(wait=False)
+
+
+class _QuorumWatchdog:
+    """Calls `say(step)` when a quorum armed for `step` is still not formed after `delay` s."""
+
+    def __init__(self, delay: float, say: Callable[[int], None]) -> None:
+        self.delay = delay
+        self.say = say
+        self._armed: tuple[int, int] | None = None  # (arming serial, step): a re-armed step is new
+        self._serial = 0
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, step: int) -> None:
+        """Start waiting for the quorum of `step`."""
+        with self._changed:
+            self._serial += 1
+            self._armed = (self._serial, step)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="cadence_quorum_watchdog", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def disarm(self) -> None:
+        """The quorum formed (or failed)."""
+        with self._changed:
+            self._armed = None
+            self._changed.notify()
+
+    def _watch(self) -> None:
+        while True:  # a daemon thread: ends with the process
+            with self._changed:
+                while self._armed is None:
+                    self._changed.wait()
+                armed = self._armed
+                deadline = time.monotonic() + self.delay
+                while self._armed == armed and time.monotonic() < deadline:
+                    self._changed.wait(max(0.0, deadline - time.monotonic()))
+                late = self._armed == armed
+            if late:
+                self.say(armed[1])
+                with self._changed:
+                    while self._armed == armed:  # once per late quorum
+                        self._changed.wait()
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

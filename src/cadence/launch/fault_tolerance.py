@@ -24,10 +24,12 @@ from ..fault_tolerance.config import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_MAX_RESTARTS,
     DEFAULT_QUORUM_TIMEOUT,
+    SUPPORTED_INSIDE_A_GROUP,
     FaultToleranceConfig,
     check_fields,
     torchft_missing_message,
 )
+from ..runtime import hardware
 from .args import build_launch_parser
 from .banner import format_banner, format_dry_run
 from .fault_tolerance_flags import FT_FLAGS, wants_fault_tolerance_flags
@@ -91,8 +93,16 @@ def _take(args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
-def _check(ft: dict[str, Any]) -> None:
+def _check(ft: dict[str, Any], args: argparse.Namespace | None = None) -> None:
     problems = []
+    given = vars(args) if args is not None else {}
+    if ft.get("fault_tolerance"):
+        for flag in ("use_fsdp", "use_deepspeed"):
+            if given.get(flag):
+                problems.append(
+                    f"--{flag} with --fault_tolerance: inside a replica group Cadence supports "
+                    f"{SUPPORTED_INSIDE_A_GROUP} (FSDP/HSDP and DeepSpeed are not supported)"
+                )
     missing = torchft_missing_message("--fault_tolerance")
     if missing:
         problems.append(missing)
@@ -143,7 +153,7 @@ def _config_fields(ft: dict[str, Any], lighthouse: str, host: str = "127.0.0.1")
 def fault_tolerant_launch(args: argparse.Namespace, dry_run: bool) -> int:
     """Run `cadence launch` with fault tolerance (the Lighthouse and every group, or one group)."""
     ft = _take(args)
-    _check(ft)
+    _check(ft, args)
     # torchft's Rust servers log every quorum at INFO; the quorum changes Cadence reports are the
     # lines that matter (set RUST_LOG=info, or pass --debug, to see torchft's own).
     os.environ.setdefault("RUST_LOG", "info" if vars(args).get("debug") else "warn")
@@ -179,10 +189,19 @@ def _run_group(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> i
     return run_plan(plan)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+def _free_ports(host: str, count: int) -> list[int]:
+    """`count` distinct free ports of `host`: every probe stays bound until all are chosen, so the
+    system cannot hand the same port to two groups' stores."""
+    probes = []
+    try:
+        for _ in range(count):
+            probe = socket.socket()
+            probes.append(probe)
+            probe.bind((host, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _flag_argv(args: argparse.Namespace) -> list[str]:
@@ -205,10 +224,22 @@ def _flag_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def _threads_argv(args: argparse.Namespace, groups: int) -> list[str]:
+    """`--num_cpu_threads_per_process` for each group's launcher when the threads are left to the
+    default on CPU: the machine's cores shared by every group's processes, not by one group's (each
+    group's launcher alone would give its N processes cores / N threads each, G times too many)."""
+    plan = build_plan(argparse.Namespace(**vars(args)))
+    threads = plan.settings["num_cpu_threads_per_process"]
+    if not str(threads.source).startswith("default: ") or plan.device.value != "cpu":
+        return []
+    cores = hardware.usable_cpu_count()
+    return ["--num_cpu_threads_per_process", str(max(1, cores // (groups * plan.nproc_per_node)))]
+
+
 def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> int:
     groups = int(ft["replica_groups"])
     host = _machine_host(args)
-    flags = _flag_argv(args)
+    flags = _flag_argv(args) + _threads_argv(args, groups)
     script = [args.training_script, *(getattr(args, "training_script_args", None) or [])]
     max_restarts = vars(args).get("max_restarts", DEFAULT_MAX_RESTARTS)
     summary = (
@@ -226,6 +257,7 @@ def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> 
     if not quiet:
         _say(summary + f"\n  Lighthouse: {url} (bound to {host})")
     children = []
+    ports = _free_ports(host, groups)
     try:
         for index in range(groups):
             argv = [
@@ -235,7 +267,7 @@ def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> 
                 "--min_replicas", str(ft["min_replicas"]),
                 "--heartbeat_timeout", str(ft["heartbeat_timeout"]),
                 "--quorum_timeout", str(ft["quorum_timeout"]),
-                "--main_process_port", str(_free_port(host)),
+                "--main_process_port", str(ports[index]),
                 *(["--max_restarts", str(max_restarts)] if "max_restarts" not in vars(args) else []),
                 *flags, *script,
             ]  # fmt: skip

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.enums import DistributedType
-from ..core.settings import device_from_env
+from ..core.settings import device_from_env, env_text
 from ..xla import runtime as xla_runtime
 from .topology import Topology
 
@@ -87,12 +87,16 @@ def start_process_group(
     if init_method == "env://":
         os.environ.setdefault("MASTER_ADDR", topology.master_addr)
         os.environ.setdefault("MASTER_PORT", str(topology.master_port))
-    extra = {}
+    extra: dict[str, Any] = {}
     if backend == "nccl":
         extra["device_id"] = device
+    store = _agent_store_of_this_attempt(init_method, timeout)
+    if store is not None:
+        extra["store"] = store
+    else:
+        extra["init_method"] = init_method
     dist.init_process_group(
         backend=backend,
-        init_method=init_method,
         rank=topology.rank,
         world_size=topology.world_size,
         timeout=timeout,
@@ -100,6 +104,29 @@ def start_process_group(
     )
     _own_group()
     return backend
+
+
+def _agent_store_of_this_attempt(init_method: str, timeout: timedelta) -> dist.Store | None:
+    """Under torch elastic's agent (env://): the agent's store, its keys under this restart's own
+    prefix; None elsewhere (torch builds the store from `init_method`).
+
+    torch 2.13 connects the workers to the agent's store without the `/worker/attempt_N` prefix it
+    used to add ("a new TCPStore for every retry"), but the static rendezvous keeps one store for
+    the agent's life: after a restart the workers then read the previous attempt's keys, and gloo
+    connected to the addresses of ranks that are gone ("Connection refused" in connectFullMesh,
+    depending on which rank wrote first). Every torch release gets the per-attempt prefix here.
+    """
+    if init_method != "env://" or env_text("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = env_text("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(
+        host_name=str(env_text("MASTER_ADDR")),
+        port=int(env_text("MASTER_PORT") or 0),
+        world_size=int(env_text("WORLD_SIZE", "1") or 1),
+        is_master=False,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"/worker/attempt_{attempt}", store)
 
 
 def start_single_process_group(device: torch.device) -> None:
