@@ -121,7 +121,9 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         "launch/runner.py, diagnostics/failure_report.py",
         since="2.10",
         fallback="before 2.10 it omits the ranks the agent stopped itself: the agent's own record "
-        "of them (SupervisingAgent.stopped) is added",
+        "of them (SupervisingAgent.stopped) is added to `cadence launch`'s report. Under plain "
+        "torchrun torch's own summary stays torch's: a failing rank still exiting when the agent "
+        "noticed a follower's end is missing from it, and its Root Cause names that follower",
     ),
     # -- the process group and the watchdog -------------------------------------------------------
     TorchApi(f"{_C10D}._get_default_group", "diagnostics/watchdog.py, runtime/process_group.py"),
