@@ -78,7 +78,7 @@ $(TORCH_STAMP): pyproject.toml
 	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.7.1"; exit 2; }
 	test -x $(TORCH_PY) || $(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_PY) -m pip install -q torch==$(TORCH) numpy pyyaml safetensors packaging xxhash \
-		pytest pytest-xdist hypothesis
+		pytest pytest-xdist hypothesis nbformat nbclient ipykernel
 	$(TORCH_PY) -m pip install -q --no-deps -e .
 	touch $(TORCH_STAMP)
 

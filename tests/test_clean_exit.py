@@ -86,3 +86,70 @@ def test_demo_exits_zero_under_load(tmp_path):
         for process in load:
             process.join(10)
     assert not failures, f"{len(failures)} of {RUNS} runs failed:\n" + "\n".join(failures)
+
+
+# Two real processes on gloo. Rank 0 leaves an all_reduce that rank 1 never joins, its tensor
+# already dropped by Python (so the gloo worker needs the GIL to free it), and then destroys the
+# group as Cadence does at exit: once with the path of the installed torch, once with the fallback
+# for torch < 2.8 (which holds the backends and drops them last). Before that fallback, torch 2.6
+# hung in the group's destructor every time here (the gloo worker waited for the GIL).
+_PENDING_WORK_AT_DESTROY = textwrap.dedent(
+    """
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+    from cadence.runtime import process_group
+
+    rank, out = int(sys.argv[1]), sys.argv[2]
+    for round, fallback in enumerate((False, True)):
+        store = dist.FileStore(os.path.join(out, f"store{round}"), 2)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2)
+        )
+        dist.barrier()
+        done = os.path.join(out, f"done{round}")
+        if rank == 0:
+            dist.all_reduce(torch.ones(1), async_op=True)  # never joined by rank 1
+            if fallback:
+                process_group.group_destructor_releases_gil = lambda: False
+            process_group.destroy_default_group()
+            open(done, "w").close()
+        else:
+            for _ in range(1200):  # bounded: the parent's timeout ends a hang first
+                if os.path.exists(done):
+                    break
+                time.sleep(0.05)
+            dist.destroy_process_group()
+    print(f"rank {rank} ended", flush=True)
+    """
+)
+
+
+def test_destroying_the_group_with_a_collective_left_pending_ends(tmp_path):
+    """destroy_default_group returns, on the installed torch's path and on the fallback for < 2.8,
+    while a gloo worker still holds a collective whose tensors only it references (cpu=True)."""
+    script = tmp_path / "pending.py"
+    script.write_text(_PENDING_WORK_AT_DESTROY)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for rank in range(2)
+    ]
+    outputs = []
+    try:
+        for rank, process in enumerate(ranks):
+            output, _ = process.communicate(timeout=120)
+            outputs.append(output)
+            assert process.returncode == 0, f"rank {rank}:\n{output}"
+            assert f"rank {rank} ended" in output
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert (tmp_path / "done0").exists() and (tmp_path / "done1").exists(), outputs

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 
+from cadence.core.torch_compat import failures_include_stopped_ranks
 from harness import free_port
 
 SCRIPT = textwrap.dedent(
@@ -138,8 +139,15 @@ def test_a_rank_that_raises_stops_every_rank(tmp_path):
         r"\[rank [013]\] .*because rank 2 failed.*rank 2 breaks at step 5", result.output
     )
     # The launcher's root cause is rank 2 (its error file, written by Cadence's hook, has the traceback).
+    # Before torch 2.10 torch's summary lists only the ranks that had ended when the agent noticed
+    # the first failure (torch_compat: ChildFailedError.failures): a rank 2 still exiting when
+    # the followers' grace ran out (a loaded machine) is missing from it, and torch names a follower.
+    # Cadence's own lines above name rank 2 on every release.
     root_cause = result.output.split("Root Cause", 1)[1]
-    assert "rank      : 2" in root_cause and "rank 2 breaks at step 5" in root_cause
+    if failures_include_stopped_ranks() or "rank      : 2" in root_cause:
+        assert "rank      : 2" in root_cause and "rank 2 breaks at step 5" in root_cause
+    else:
+        assert re.search(r"rank      : [013]\b", root_cause), root_cause
     assert_no_worker_left(tmp_path, 4)
     report_stop_latency(tmp_path, result, 2)
 

@@ -49,6 +49,10 @@ FSDP1_UNEVEN_SHARDED_STATE = "2.8"
 TCPSTORE_LIBUV_LISTEN_FD = "2.9"
 # The first release verified whose LocalElasticAgent._shutdown leaves the rendezvous open (2.7 closes it).
 AGENT_SHUTDOWN_KEEPS_RENDEZVOUS = "2.9"
+# The first release whose ProcessGroup wrapper releases the GIL while its destructor joins the
+# backends' worker threads (pytorch#154976; checked: 2.6.0 holds it and deadlocks, 2.8.0 and 2.10.0
+# release it; tests/test_torch_compat.py's exit test and docs/supported-versions.md).
+GROUP_DESTRUCTOR_RELEASES_GIL = "2.8"
 
 _ELASTIC_AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent"
 _C10D = "torch.distributed.distributed_c10d"
@@ -117,14 +121,25 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         "launch/runner.py, diagnostics/failure_report.py",
         since="2.10",
         fallback="before 2.10 it omits the ranks the agent stopped itself: the agent's own record "
-        "of them (SupervisingAgent.stopped) is added",
+        "of them (SupervisingAgent.stopped) is added to `cadence launch`'s report. Under plain "
+        "torchrun torch's own summary stays torch's: a failing rank still exiting when the agent "
+        "noticed a follower's end is missing from it, and its Root Cause names that follower",
     ),
     # -- the process group and the watchdog -------------------------------------------------------
-    TorchApi(f"{_C10D}._get_default_group", "diagnostics/watchdog.py"),
+    TorchApi(f"{_C10D}._get_default_group", "diagnostics/watchdog.py, runtime/process_group.py"),
+    TorchApi(
+        "torch.distributed.ProcessGroup destructor releases the GIL",
+        "runtime/process_group.py",
+        since=GROUP_DESTRUCTOR_RELEASES_GIL,
+        fallback="before 2.8 it joins the backends' worker threads holding the GIL, and a gloo "
+        "worker still dropping a finished collective's tensors waits for the GIL: the rank hangs "
+        "in destroy_process_group at exit. Cadence holds the group's backends (whose wrappers "
+        "release the GIL) while the group goes, and drops them last",
+    ),
     TorchApi(f"{_C10D}._get_default_store", "diagnostics/channel.py"),
     TorchApi(
         "torch.distributed.ProcessGroup._get_backend",
-        "diagnostics/watchdog.py",
+        "diagnostics/watchdog.py, runtime/process_group.py",
         fallback="absent or failing: the launch's process-group timeout is used",
     ),
     TorchApi("torch.distributed.ProcessGroupGloo.Options._timeout", "diagnostics/watchdog.py"),
@@ -311,3 +326,9 @@ def ranks_without_a_chunk(shapes: dict[str, tuple[int, ...]], world_size: int) -
 def failures_include_stopped_ranks() -> bool:
     """Whether `ChildFailedError.failures` lists the ranks the agent stopped itself (2.10 on)."""
     return torch_at_least("2.10")
+
+
+def group_destructor_releases_gil() -> bool:
+    """Whether dropping a ProcessGroup's Python wrapper releases the GIL while its backends' worker
+    threads are joined (2.8 on; before, Cadence drops the backends last itself)."""
+    return torch_at_least(GROUP_DESTRUCTOR_RELEASES_GIL)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from ..core.enums import DistributedType
 from ..core.settings import device_from_env, env_text
+from ..core.torch_compat import group_destructor_releases_gil
 from ..xla import runtime as xla_runtime
 from .topology import Topology
 
@@ -29,8 +30,34 @@ _owns_process_group = False
 def destroy_owned_group() -> None:
     """Destroy the process group if Cadence started it (registered to run at exit)."""
     if _owns_process_group and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        destroy_default_group()
     disown_group()
+
+
+def destroy_default_group() -> None:
+    """`dist.destroy_process_group()`, with the group's native worker threads joined while the GIL
+    is free on every declared torch release.
+
+    Before torch 2.8 the ProcessGroup's Python wrapper runs its destructor, which joins the backends'
+    worker threads, while holding the GIL. A gloo worker that is still dropping a finished
+    collective's tensors needs the GIL for that (their Python objects are owned by the tensors once
+    Python let go of them), so the join waited forever: a rank hung at exit after its work was done.
+    The backends' own wrappers release the GIL in their destructor, so there they are held while the
+    group goes, and dropped last (torch_compat: "ProcessGroup destructor releases the GIL").
+    """
+    if group_destructor_releases_gil():
+        dist.destroy_process_group()
+        return
+    group = dist.distributed_c10d._get_default_group()
+    backends = []
+    for device in ("cpu", "cuda"):
+        try:
+            backends.append(group._get_backend(torch.device(device)))
+        except RuntimeError:  # no backend for that device
+            pass
+    dist.destroy_process_group()
+    del group  # the wrapper's destructor now ends nothing: the backends are still held
+    backends.clear()  # the last references: joined with the GIL released
 
 
 def disown_group() -> None:
