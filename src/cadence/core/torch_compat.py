@@ -67,6 +67,13 @@ TORCH_APIS: tuple[TorchApi, ...] = (
         fallback="the non-libuv server (use_libuv=False): libuv takes no listening socket on 2.7",
     ),
     TorchApi(
+        "env:// under torch elastic's agent (TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT)",
+        "runtime/process_group.py",
+        fallback="on every release Cadence connects the worker to the agent's store itself, its keys "
+        "under /worker/attempt_<restart>: torch 2.13 connects without that prefix while the static "
+        "rendezvous keeps one store, so a restarted group could read the previous attempt's addresses",
+    ),
+    TorchApi(
         "torch.distributed.run --signals_to_handle",
         "launch/runner.py",
         since="2.10",
