@@ -117,3 +117,17 @@ def recursively_apply(
             )
         )
     return data
+
+
+def holds_only_tensors(data: Any) -> bool:
+    """Whether every leaf of the nested `data` (lists, tuples, dicts) is a tensor.
+
+    Example:
+        >>> holds_only_tensors({"a": torch.zeros(1), "b": [torch.ones(2)]}), holds_only_tensors([1])  # doctest: +SKIP
+        (True, False)
+    """
+    try:
+        recursively_apply(lambda tensor: tensor, data, error_on_other_type=True)
+    except TypeError:
+        return False
+    return True

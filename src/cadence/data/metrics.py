@@ -5,16 +5,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from ..core.nested import holds_only_tensors
 from ..runtime.collectives import gather, gather_object, recursively_apply
 from ..runtime.state import GradientState
-
-
-def _holds_only_tensors(data: Any) -> bool:
-    try:
-        recursively_apply(lambda tensor: tensor, data, error_on_other_type=True)
-    except TypeError:
-        return False
-    return True
 
 
 def gather_for_metrics(input_data: Any, use_gather_object: bool = False) -> Any:
@@ -23,7 +16,7 @@ def gather_for_metrics(input_data: Any, use_gather_object: bool = False) -> Any:
 
     Objects that are not tensors (or `use_gather_object=True`) go through `gather_object`.
     """
-    use_gather_object = use_gather_object or not _holds_only_tensors(input_data)
+    use_gather_object = use_gather_object or not holds_only_tensors(input_data)
     data = gather_object(input_data) if use_gather_object else gather(input_data)
     gradient_state = GradientState()
     if not gradient_state.end_of_dataloader:

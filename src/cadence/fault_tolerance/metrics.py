@@ -17,19 +17,11 @@ from typing import Any
 
 import torch
 
-from ..core.nested import recursively_apply
+from ..core.nested import holds_only_tensors, recursively_apply
 from .loader import StepView
 
 # Dimensions a gathered tensor may have (the shape header has a fixed width per tensor).
 MAX_DIMS = 8
-
-
-def _holds_only_tensors(data: Any) -> bool:
-    try:
-        recursively_apply(lambda tensor: tensor, data, error_on_other_type=True)
-    except TypeError:
-        return False
-    return True
 
 
 def _leaves(data: Any) -> list[torch.Tensor]:
@@ -76,7 +68,7 @@ def gather_step(
         sum_across_groups: sums a CPU tensor in place over the quorum's groups (raises when a
             group was lost during it: the rows would be incomplete).
     """
-    as_objects = use_gather_object or not _holds_only_tensors(data)
+    as_objects = use_gather_object or not holds_only_tensors(data)
     if as_objects:
         leaves = [torch.frombuffer(bytearray(pickle.dumps(data)), dtype=torch.uint8)]
     else:
