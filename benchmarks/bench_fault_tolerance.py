@@ -18,7 +18,9 @@ DDP / fault tolerance):
 - width 512, load average 2.1-5.5: 9.54 / 14.57, 10.58 / 15.30, 10.74 / 15.08: ratio 1.45x;
 - width 512, load average 2.4-2.7: 10.80 / 13.65, 7.90 / 9.47, 5.57 / 9.55: ratio 1.26x;
 - width 2048 (--width 2048 --samples 3840 --no_kill), load average 2.6-2.9: 68.74 / 82.56,
-  48.39 / 56.50, 81.38 / 62.58: ratio 1.17x.
+  48.39 / 56.50, 81.38 / 62.58: ratio 1.17x;
+- width 512, no other job running (load average 1.2-1.9, the benchmark's own), `--rounds 9
+  --no_kill`: plain DDP 6.96-8.33, fault tolerance 8.22-12.00: ratio 1.31x (3 rounds: 1.10x).
 Target 1.05x, not met: the extra 2-5 ms a step are torchft's synchronous quorum, its commit vote and
 the cross-group all-reduce after the backward pass (docs/how-to/training-through-failures.md, "What
 it costs"). Death to the survivor's next commit 1.06 s (twice); death to the restarted worker's
