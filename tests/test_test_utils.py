@@ -254,3 +254,16 @@ def test_bundled_notebook_script_passes_from_a_plain_process():
         timeout=300,
     )
     assert "All notebook launcher checks passed." in result.stdout
+
+
+def test_testing_still_offers_what_it_imported_before_the_split():
+    """The availability checks `testing` used to import stay reachable from it (scripts written
+    against Accelerate's module import them from there); a name it never had is an ImportError."""
+    import cadence.core.availability as availability
+    import cadence.test_utils.testing as testing
+
+    assert testing.is_cuda_available is availability.is_cuda_available
+    assert testing.is_wandb_available is availability.is_wandb_available
+    assert testing.require_cuda.__module__ == "cadence.test_utils.device_requirements"
+    with pytest.raises(ImportError, match="no_such_name"):
+        exec("from cadence.test_utils.testing import no_such_name", {})

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..core.settings import env_text
+from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
@@ -95,12 +96,7 @@ class FaultTolerantSession:
             if group_rank == 0:
                 # torchft reads them at the root of the group's store (its own client, no prefix);
                 # the default group's store would prefix them ("default_pg/") and miss them.
-                store = torch.distributed.TCPStore(
-                    host_name=str(env_text("MASTER_ADDR")),
-                    port=int(env_text("MASTER_PORT") or 0),
-                    is_master=False,
-                    wait_for_workers=False,
-                )
+                store = launcher_store_client(timeout)
                 for key in _MANAGER_STORE_KEYS:
                     store.delete_key(key)
             group_barrier()

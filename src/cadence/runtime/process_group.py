@@ -146,14 +146,20 @@ def _agent_store_of_this_attempt(init_method: str, timeout: timedelta) -> dist.S
     if init_method != "env://" or env_text("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     attempt = env_text("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.TCPStore(
+    return dist.PrefixStore(f"/worker/attempt_{attempt}", launcher_store_client(timeout))
+
+
+def launcher_store_client(timeout: timedelta = dist.default_pg_timeout) -> dist.TCPStore:
+    """A client of the store the launcher serves at MASTER_ADDR:MASTER_PORT, at its root (no
+    prefix: the default group's store adds "default_pg/")."""
+    return dist.TCPStore(
         host_name=str(env_text("MASTER_ADDR")),
         port=int(env_text("MASTER_PORT") or 0),
         world_size=int(env_text("WORLD_SIZE", "1") or 1),
         is_master=False,
         timeout=timeout,
+        wait_for_workers=False,
     )
-    return dist.PrefixStore(f"/worker/attempt_{attempt}", store)
 
 
 def start_single_process_group(device: torch.device) -> None:
