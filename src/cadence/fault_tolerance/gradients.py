@@ -10,12 +10,16 @@ import torch
 
 # As DDP's default bucket: large enough to amortise a collective, small enough to overlap copies.
 BUCKET_BYTES = 25 * 1024 * 1024
+# A gradient this large is reduced in place, alone: flattening it would copy it twice (in and
+# back) for a collective it amortises by itself (the size of DDP's first bucket).
+ALONE_BYTES = 1024 * 1024
 
 
 def gradient_buckets(
     parameters: Iterable[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES
 ) -> list[list[torch.Tensor]]:
-    """The parameters' gradients grouped by dtype and device, each group cut at `bucket_bytes`."""
+    """The parameters' gradients grouped by dtype and device, each group cut at `bucket_bytes`;
+    a contiguous gradient of `ALONE_BYTES` or more is a bucket of its own."""
     groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
     sizes: dict[tuple[torch.dtype, torch.device], int] = {}
     for parameter in parameters:
@@ -25,6 +29,9 @@ def gradient_buckets(
         key = (grad.dtype, grad.device)
         buckets = groups.setdefault(key, [[]])
         nbytes = grad.numel() * grad.element_size()
+        if nbytes >= ALONE_BYTES and grad.is_contiguous():
+            buckets.insert(len(buckets) - 1, [grad])  # before the bucket still filling
+            continue
         if buckets[-1] and sizes.get(key, 0) + nbytes > bucket_bytes:
             buckets.append([])
             sizes[key] = 0
@@ -38,14 +45,24 @@ def average_across_groups(
 ) -> torch.Tensor:
     """Average the gradients of `parameters` over the quorum's participants, in place.
 
-    `membership` (this group's one-hot row) rides in the first float32 bucket, so the quorum's
-    members are learnt without a collective of their own; returns its average (member i has
-    1 / participants). All buckets are started before any is waited for.
+    A bucket of one contiguous gradient is reduced where it lies; smaller gradients are flattened
+    together (one copy in, one copy back), as DDP's buckets are. `membership` (this group's
+    share row) rides in the first flattened float32 bucket, so the quorum's members are learnt
+    without a collective of their own; returns its average. All buckets are started before any
+    is waited for.
     """
     buckets = gradient_buckets(parameters)
     flats: list[torch.Tensor] = []
     carried = False
     for bucket in buckets:
+        grad = bucket[0]
+        if (
+            len(bucket) == 1
+            and grad.is_contiguous()
+            and grad.numel() * grad.element_size() >= ALONE_BYTES
+        ):
+            flats.append(grad)  # reduced in place: no copy of the largest gradients
+            continue
         flat = torch.cat([grad.reshape(-1) for grad in bucket])
         if not carried and flat.dtype == torch.float32:
             flat = torch.cat([flat, membership.to(flat.device)])
@@ -58,6 +75,8 @@ def average_across_groups(
         work.wait()
     averaged_membership = None
     for bucket, flat in zip(buckets, flats):
+        if flat is bucket[0]:
+            continue
         offset = 0
         for grad in bucket:
             count = grad.numel()

@@ -106,9 +106,9 @@ class FaultTolerantSession:
                 load_state_dict=None,
                 state_dict=None,
                 min_replica_size=config.min_replicas,
-                # The quorum (and a heal) completes before the step's forward pass, so a healed
-                # group trains that very step on its peer's weights and data position.
-                use_async_quorum=False,
+                # Each step chooses (`_quorum_mode`): a step drawn on the previous quorum runs
+                # its quorum beside the forward pass; any other waits for it first.
+                use_async_quorum=True,
                 timeout=timeout,
                 quorum_timeout=timedelta(seconds=config.quorum_timeout),
                 connect_timeout=timeout,
@@ -127,6 +127,20 @@ class FaultTolerantSession:
         self._view: StepView | None = None
         self._begun_by_loader = False
         self._healed_from: int | None = None
+        # The quorum the next step's batch is drawn on, (participating replica rank, replica
+        # participants), when the last step committed with every group of the job in it; None:
+        # the next step waits for its quorum. (With a group missing, steps wait: a group that
+        # joins then draws on the same quorum as the others, and heals without a discard.)
+        self._basis: tuple[int, int] | None = None
+        self._drawn_on: tuple[int, int] | None = None  # the open step's basis (None: waited)
+        self._gathers = False  # gather_for_metrics seen: every step waits for its quorum
+        self._moving: dict[str, Any] | None = None  # state the main thread changes mid-step
+        # torchft reads the quorum mode from this attribute at each quorum; without it (another
+        # torchft release) every step waits for its quorum, as torchft's synchronous mode does.
+        # Without the job's group count, a step cannot tell a full quorum: every step waits.
+        self._can_overlap = bool(config.replica_groups) and isinstance(
+            getattr(self.manager, "_use_async_quorum", None), bool
+        )
         self._members: frozenset[int] | None = None
         self.discarded_steps = 0
         self.committed_steps = 0
@@ -134,20 +148,30 @@ class FaultTolerantSession:
         self._watchdog = _QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
 
     # -- what a healing group receives ----------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
+    def _capture_moving_state(self) -> dict[str, Any]:
+        """The data positions and random states as the step opens: a heal's send reads the state
+        from torchft's quorum thread while this step's forward pass may draw from them."""
         import numpy  # torch depends on it
 
         return {
-            "group": self.config.replica_group,
-            "models": [_unwrap(model).state_dict() for model in self.models],
-            "optimizers": [optimizer.optimizer.state_dict() for optimizer in self.optimizers],
-            "schedulers": [scheduler.scheduler.state_dict() for scheduler in self.schedulers],
             "loaders": [loader.state_dict() for loader in self.loaders],
             "rng": {
                 "torch": torch.get_rng_state(),
                 "python": random.getstate(),
                 "numpy": numpy.random.get_state(),
             },
+        }
+
+    def _state(self) -> dict[str, Any]:
+        # Weights, optimizer and scheduler change only after the commit, which waits for the
+        # quorum (and so for this send) to finish.
+        moving = self._moving if self._moving is not None else self._capture_moving_state()
+        return {
+            "group": self.config.replica_group,
+            "models": [_unwrap(model).state_dict() for model in self.models],
+            "optimizers": [optimizer.optimizer.state_dict() for optimizer in self.optimizers],
+            "schedulers": [scheduler.scheduler.state_dict() for scheduler in self.schedulers],
+            **moving,
         }
 
     def _load_state(self, state: dict[str, Any]) -> None:
@@ -168,42 +192,111 @@ class FaultTolerantSession:
 
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, by_loader: bool = True) -> StepView:
-        """Open the step: wait for the quorum (healing from a peer when behind); idempotent."""
+        """Open the step: start its quorum and say which slice of the data this rank takes;
+        idempotent.
+
+        A step after a committed one is drawn on that step's quorum, and its own quorum is formed
+        while the forward and backward passes run; the commit then checks, in the gradient
+        all-reduce itself, that no participant's quorum changed (otherwise every group discards
+        the step and its samples are drawn again). The first step, a step after a discarded one,
+        and every step once `gather_for_metrics` is used wait for their quorum (and a heal from a
+        peer) before drawing.
+        """
         if self._view is not None:
             return self._view
         step = self.manager.current_step()
+        basis = None if self._gathers or not self._can_overlap else self._basis
+        self._moving = self._capture_moving_state()
+        if self._can_overlap:
+            self.manager._use_async_quorum = basis is not None
         self._watchdog.arm(step)
         try:
             self.manager.start_quorum()
-            self._wait_for_every_group()
+            if basis is None:
+                self._wait_for_every_group()
         except Exception as error:
-            raise RuntimeError(
-                f"replica group {self.config.replica_group}: no quorum within "
-                f"{self.config.quorum_timeout:g} s at step {step} (fewer than min_replicas="
-                f"{self.config.min_replicas} groups alive, or the Lighthouse at "
-                f"{self.config.lighthouse} unreachable); this process stops and its agent "
-                f"restarts it: {error}"
-            ) from error
+            raise self._no_quorum(step, error) from error
         finally:
             self._watchdog.disarm()
-        if self._healed_from is not None and self.group_rank == 0:
-            say(
-                f"group {self.config.replica_group} healed from group {self._healed_from} "
-                f"at step {self.manager.current_step()}"
-            )
-        healed, self._healed_from = self._healed_from is not None, None
+        self._drawn_on = basis
+        healed = self._healed_from is not None
+        self._say_healed()
         if healed and not by_loader:
             # The gradients of this step were computed before the heal replaced the weights.
             self.manager.report_error(
                 RuntimeError("healed after the gradients were computed; step discarded")
             )
-        replica_rank = self.manager.participating_rank() or 0
-        participants = self.manager.num_participants()
+        if basis is not None:
+            replica_rank, participants = basis
+        else:
+            replica_rank = self.manager.participating_rank() or 0
+            participants = self.manager.num_participants()
         self._view = StepView(
             participants=participants * self.group_world_size,
             index=replica_rank * self.group_world_size + self.group_rank,
         )
         return self._view
+
+    def _no_quorum(self, step: int, error: BaseException) -> RuntimeError:
+        return RuntimeError(
+            f"replica group {self.config.replica_group}: no quorum within "
+            f"{self.config.quorum_timeout:g} s at step {step} (fewer than min_replicas="
+            f"{self.config.min_replicas} groups alive, or the Lighthouse at "
+            f"{self.config.lighthouse} unreachable); this process stops and its agent "
+            f"restarts it: {error}"
+        )
+
+    def _say_healed(self) -> None:
+        if self._healed_from is not None and self.group_rank == 0:
+            say(
+                f"group {self.config.replica_group} healed from group {self._healed_from} "
+                f"at step {self.manager.current_step()}"
+            )
+        self._healed_from = None
+
+    def _wait_for_quorum(self) -> None:
+        """Wait for the open step's quorum (formed beside the forward pass when overlapped)."""
+        step = self.manager.current_step()
+        self._watchdog.arm(step)
+        try:
+            self.manager.wait_quorum()
+        except Exception as error:
+            raise self._no_quorum(step, error) from error
+        finally:
+            self._watchdog.disarm()
+
+    def _share_row(self) -> torch.Tensor:
+        """What this group says of the open step in the step's all-reduce, summed over the
+        contributing groups: a one-hot row of its index, the participant count and the
+        participating rank its batch was cut with, and the participant count torchft averages
+        and votes with (a row of zeros while it heals beside an overlapped quorum: torchft sends
+        zeros for a group that does not participate)."""
+        groups = self.config.replica_groups or 1
+        row = torch.zeros(4 * groups, dtype=torch.float32)
+        if self.config.replica_groups:
+            view = self._view
+            assert view is not None, "a step is open"
+            row[self.config.replica_group] = 1.0
+            row[groups + self.config.replica_group] = view.participants // self.group_world_size
+            row[2 * groups + self.config.replica_group] = view.index // self.group_world_size
+            row[3 * groups + self.config.replica_group] = self.manager.num_participants()
+        return row
+
+    def _one_cut(self, summed: torch.Tensor) -> bool:
+        """Whether the contributing groups cut the step's batch from one quorum: each cut it for,
+        and torchft counts, as many participants as contributed, and their ranks are 0 .. n-1 once
+        each (then their slices are the step's `n x batch` samples, each once, and every group
+        averages over the same count)."""
+        groups = self.config.replica_groups
+        if not groups:  # every step waits for its quorum: the cuts agree by construction
+            return True
+        counts = summed.round().to(torch.int64).tolist()
+        members = [g for g in range(groups) if counts[g] >= 1]
+        if any(counts[g] > 1 for g in range(groups)):
+            return False  # cannot happen with distinct group indices; never commit on it
+        assumed = {counts[k * groups + g] for g in members for k in (1, 3)}
+        ranks = sorted(counts[2 * groups + g] for g in members)
+        return assumed == {len(members)} and ranks == list(range(len(members)))
 
     def _wait_for_every_group(self) -> None:
         """Before the job's first commit, quorum again until every group of the job is in it.
@@ -256,21 +349,36 @@ class FaultTolerantSession:
     def commit(self, parameters: list[torch.nn.Parameter]) -> bool:
         """Average the gradients across the quorum and vote; True when the step commits."""
         self.begin_step(by_loader=False)
+        self._wait_for_quorum()
         groups = self.config.replica_groups or 0
-        membership = torch.zeros(max(groups, 1), dtype=torch.float32)
-        if groups:
-            membership[self.config.replica_group] = 1.0
-        averaged = average_across_groups(self.manager, parameters, membership)
+        # The share row rides in the gradient all-reduce: every contributing group learns the
+        # step's members and how each cut the batch, without a collective of its own.
+        averaged = average_across_groups(self.manager, parameters, self._share_row())
+        participating = self.manager.is_participating()
+        summed = averaged * self.manager.num_participants()  # torchft averaged over its count
+        if not self._one_cut(summed):
+            self.manager.report_error(
+                RuntimeError("the quorum changed after the step's batch was drawn")
+            )
+        elif not participating:
+            # Healing beside an overlapped quorum: its peers trained the step without it, and
+            # the heal (applied by the vote) restores the step's start; the next step heals
+            # again, before drawing.
+            self.manager.report_error(RuntimeError("healing; this group sat the step out"))
         committed = self.manager.should_commit()
         participants = self.manager.num_participants()
         self._view = None
         for loader in self.loaders:
             loader.end_step(committed)
         step = self.manager.current_step()
+        drawn = (self.manager.participating_rank(), participants)
+        everyone = bool(groups) and int((summed[:groups].round() >= 1).sum()) == groups
+        self._basis = drawn if committed and everyone and drawn[0] is not None else None
+        self._moving = None
         if committed:
             self.committed_steps += 1
             if groups:
-                self._note_members(averaged * participants, step)
+                self._note_members(summed[:groups], step)
         else:
             self.discarded_steps += 1
             if self.group_rank == 0:
@@ -281,6 +389,7 @@ class FaultTolerantSession:
                     f"({participants} of min {self.config.min_replicas} groups{why}); "
                     "its samples are drawn again"
                 )
+        self._say_healed()  # a heal applied by the vote (beside an overlapped quorum)
         return committed
 
     def _note_members(self, counts: torch.Tensor, step: int) -> None:
@@ -380,13 +489,45 @@ class FaultTolerantSession:
                 )
             tensor.copy_(moved.cpu())
 
-        return gather_step(
+        # A gather needs the step's participants before its collectives: from now on every step
+        # waits for its quorum before drawing. This one, if drawn on the previous quorum, checks
+        # first (in one small all-reduce every group makes) that no participant's share changed.
+        self._gathers = True
+        sitting_out = False
+        if self._drawn_on is not None:
+            self._wait_for_quorum()
+            check = self._share_row()
+            sum_across_groups(check)
+            if not self._one_cut(check):
+                self.manager.report_error(
+                    RuntimeError("the quorum changed after the step's batch was drawn")
+                )
+                raise RuntimeError(
+                    f"{where}: the replica groups' quorum changed after this step's batch was "
+                    f"drawn (step {self.manager.current_step()}), so the step is discarded and "
+                    "its samples drawn again; gather them then (later steps wait for their "
+                    "quorum before drawing)"
+                )
+            sitting_out = not self.manager.is_participating()
+            if sitting_out:  # healing: its rows add nothing (torchft sends zeros); it follows
+                view = StepView(
+                    participants=self.manager.num_participants() * self.group_world_size,
+                    index=self.group_rank,
+                )
+        gathered = gather_step(
             data,
             use_gather_object,
             view=view,
             sum_in_group=sum_in_group,
             sum_across_groups=sum_across_groups,
         )
+        if sitting_out:
+            raise RuntimeError(
+                f"{where}: this replica group is healing from a peer during step "
+                f"{self.manager.current_step()} and sits it out, so it has no samples of the "
+                "step to gather; its next step trains again"
+            )
+        return gathered
 
     def writes_checkpoints(self) -> bool:
         """Whether this group writes `save_state` (the first participating group of the last
