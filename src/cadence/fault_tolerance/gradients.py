@@ -1,5 +1,10 @@
 """The cross-group gradient average: the gradients flattened into buckets, each averaged through
-torchft's `Manager.allreduce` (which leaves a failed collective to the commit vote)."""
+torchft's `Manager.allreduce` (which leaves a failed collective to the commit vote).
+
+Under FSDP2 a gradient is a DTensor sharded over the group's ranks; its local shard is what is
+averaged: the Manager's process group of rank r joins rank r of every group (torchft keys its
+store by group rank), and rank r of every group holds the same shard (the groups have the same
+process count), so the shards average as the full gradients would."""
 
 from __future__ import annotations
 
@@ -12,16 +17,24 @@ import torch
 BUCKET_BYTES = 25 * 1024 * 1024
 
 
+def local_gradient(grad: torch.Tensor) -> torch.Tensor:
+    """The part of `grad` this process holds: a DTensor's local shard (a view: writing it writes
+    the gradient), any other tensor as it is."""
+    to_local = getattr(grad, "to_local", None)  # DTensor's; a plain tensor has none
+    return to_local() if callable(to_local) else grad
+
+
 def gradient_buckets(
     parameters: Iterable[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES
 ) -> list[list[torch.Tensor]]:
-    """The parameters' gradients grouped by dtype and device, each group cut at `bucket_bytes`."""
+    """The parameters' local gradients (see `local_gradient`) grouped by dtype and device, each
+    group cut at `bucket_bytes`."""
     groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
     sizes: dict[tuple[torch.dtype, torch.device], int] = {}
     for parameter in parameters:
-        grad = parameter.grad
-        if grad is None:
+        if parameter.grad is None:
             continue
+        grad = local_gradient(parameter.grad)
         key = (grad.dtype, grad.device)
         buckets = groups.setdefault(key, [[]])
         nbytes = grad.numel() * grad.element_size()
@@ -34,25 +47,32 @@ def gradient_buckets(
 
 
 def average_across_groups(
-    manager: Any, parameters: Iterable[torch.nn.Parameter], membership: torch.Tensor
+    manager: Any,
+    parameters: Iterable[torch.nn.Parameter],
+    membership: torch.Tensor,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """Average the gradients of `parameters` over the quorum's participants, in place.
 
     `membership` (this group's one-hot row) rides in the first float32 bucket, so the quorum's
     members are learnt without a collective of their own; returns its average (member i has
-    1 / participants). All buckets are started before any is waited for.
+    1 / participants). All buckets are started before any is waited for. Buckets travel on
+    `device` (the cross-group backend's) when given: gradients FSDP2 offloads to the CPU are copied
+    there and back.
     """
     buckets = gradient_buckets(parameters)
     flats: list[torch.Tensor] = []
     carried = False
     for bucket in buckets:
         flat = torch.cat([grad.reshape(-1) for grad in bucket])
+        if device is not None:
+            flat = flat.to(device)
         if not carried and flat.dtype == torch.float32:
             flat = torch.cat([flat, membership.to(flat.device)])
             carried = True
         flats.append(flat)
     if not carried:
-        flats.append(membership.clone())
+        flats.append(membership.to(device) if device is not None else membership.clone())
     works = [manager.allreduce(flat) for flat in flats]
     for work in works:
         work.wait()

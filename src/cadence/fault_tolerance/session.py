@@ -24,6 +24,7 @@ from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
+from .shards import local_shards, rebuild_shards, shard_mesh
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
@@ -137,10 +138,15 @@ class FaultTolerantSession:
     def _state(self) -> dict[str, Any]:
         import numpy  # torch depends on it
 
+        # FSDP2's DTensors travel as this rank's local shards (shards.py says why).
         return {
             "group": self.config.replica_group,
-            "models": [_unwrap(model).state_dict() for model in self.models],
-            "optimizers": [optimizer.optimizer.state_dict() for optimizer in self.optimizers],
+            "group_rank": self.group_rank,
+            "group_world_size": self.group_world_size,
+            "models": [local_shards(_unwrap(model).state_dict()) for model in self.models],
+            "optimizers": [
+                local_shards(optimizer.optimizer.state_dict()) for optimizer in self.optimizers
+            ],
             "schedulers": [scheduler.scheduler.state_dict() for scheduler in self.schedulers],
             "loaders": [loader.state_dict() for loader in self.loaders],
             "rng": {
@@ -153,10 +159,20 @@ class FaultTolerantSession:
     def _load_state(self, state: dict[str, Any]) -> None:
         import numpy
 
+        sender = (state["group_rank"], state["group_world_size"])
+        if sender != (self.group_rank, self.group_world_size):
+            raise RuntimeError(
+                f"replica group {self.config.replica_group}'s process {self.group_rank} of "
+                f"{self.group_world_size} was sent the state of process {sender[0]} of {sender[1]} "
+                f"of group {state['group']}: every replica group must run the same number of "
+                "processes (--nproc_per_node and --num_machines alike on every group's launcher)"
+            )
         for model, weights in zip(self.models, state["models"]):
-            _unwrap(model).load_state_dict(weights)
+            mesh = shard_mesh(_unwrap(model).parameters())
+            _unwrap(model).load_state_dict(rebuild_shards(weights, mesh))
         for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
-            optimizer.load_state_dict(optimizer_state)
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            optimizer.load_state_dict(rebuild_shards(optimizer_state, shard_mesh(parameters)))
         for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
             scheduler.scheduler.load_state_dict(scheduler_state)
         for loader, position in zip(self.loaders, state["loaders"]):
@@ -257,10 +273,14 @@ class FaultTolerantSession:
         """Average the gradients across the quorum and vote; True when the step commits."""
         self.begin_step(by_loader=False)
         groups = self.config.replica_groups or 0
+        # This group's row of the quorum's membership holds its process count: the average tells
+        # the members and whether they all run as many processes as this group (see _check_sizes).
         membership = torch.zeros(max(groups, 1), dtype=torch.float32)
         if groups:
-            membership[self.config.replica_group] = 1.0
-        averaged = average_across_groups(self.manager, parameters, membership)
+            membership[self.config.replica_group] = float(self.group_world_size)
+        averaged = average_across_groups(self.manager, parameters, membership, self.device)
+        if groups and self.manager.errored() is None:  # a failed collective's sums are partial
+            self._check_sizes(averaged * self.manager.num_participants())
         committed = self.manager.should_commit()
         participants = self.manager.num_participants()
         self._view = None
@@ -282,6 +302,23 @@ class FaultTolerantSession:
                     "its samples are drawn again"
                 )
         return committed
+
+    def _check_sizes(self, sizes: torch.Tensor) -> None:
+        """Refuse a quorum whose groups run different process counts: rank r of every group must
+        hold the same shard, and a step's samples are cut over participants x group size."""
+        found = {
+            int(i): round(float(sizes[i])) for i in torch.nonzero(sizes.round() >= 1).flatten()
+        }
+        others = {group: size for group, size in found.items() if size != self.group_world_size}
+        if others:
+            error = RuntimeError(
+                f"replica group {self.config.replica_group} runs {self.group_world_size} processes "
+                f"but {', '.join(f'group {g} runs {n}' for g, n in sorted(others.items()))}: every "
+                "replica group of a fault-tolerant job must run the same number of processes "
+                "(--nproc_per_node and --num_machines alike on every group's launcher)"
+            )
+            self.manager.report_error(error)  # nothing of this step commits
+            raise error
 
     def _note_members(self, counts: torch.Tensor, step: int) -> None:
         members = frozenset(int(i) for i in torch.nonzero(counts.round() >= 1).flatten().tolist())
