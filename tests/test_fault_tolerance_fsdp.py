@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from sharded_helpers import needs_fsdp2_on_cpu
-from test_fault_tolerance import SCRIPT, _launch, _rank_ledgers, _script
+from test_fault_tolerance import SCRIPT, _env, _launch, _rank_ledgers, _script
 
 HIDDEN = 8  # FT_MLP: an MLP whose 8-row layers split 4 / 4 over a group's two ranks
 
@@ -173,3 +173,61 @@ def test_launcher_fsdp_version_with_fault_tolerance(
     if code:
         assert "--use_fsdp with --fault_tolerance needs --fsdp_version 2" in err
         assert "Nothing was started" in err
+
+
+def test_groups_of_different_process_counts_are_refused(tmp_path: Path) -> None:
+    """One Lighthouse and two groups launched apart (`--lighthouse`), of 1 and 2 processes: rank r
+    of each group could not hold the same shard nor take the same slice of a step, so the first
+    exchange between the groups (the heal at the job's start) is refused with an error that names
+    both process counts; no group trains with the other."""
+    pytest.importorskip("torchft")
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:  # a free port for the Lighthouse (bound again just after)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cli = [sys.executable, "-m", "cadence.commands.cli"]
+    lighthouse = subprocess.Popen(
+        [*cli, "lighthouse", "--bind", f"127.0.0.1:{port}"],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    runs: list[subprocess.Popen] = []
+    outs = [tmp_path / f"group{index}" for index in range(2)]
+    try:
+        # The group of one process restarts once: Cadence's store for it is its agent's.
+        flags = ["--fault_tolerance", "--lighthouse", f"127.0.0.1:{port}", "--replica_groups", "2",
+                 "--quorum_timeout", "5"]  # fmt: skip
+        for index, (nproc, restarts) in enumerate([("1", "1"), ("2", "0")]):
+            outs[index].mkdir()
+            argv = [*flags, "--replica_group", str(index), "--nproc_per_node", nproc,
+                    "--max_restarts", restarts]  # fmt: skip
+            with open(tmp_path / f"output{index}.txt", "w") as output:  # no pipe to fill
+                runs.append(
+                    subprocess.Popen(
+                        [*cli, "launch", "--cpu", *argv, str(SCRIPT)],
+                        env=_env(FT_OUT=str(outs[index]), FT_SAMPLES="8"),
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        for run in runs:
+            run.wait(timeout=180)
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        lighthouse.terminate()
+        lighthouse.wait(timeout=30)
+    texts = [(tmp_path / f"output{index}.txt").read_text() for index in range(2)]
+    said = "every replica group must run the same number of processes"
+    assert any(said in text for text in texts), texts[1][-4000:]
+    assert any(run.returncode != 0 for run in runs)
+    for index, size in enumerate((1, 2)):  # each group's ranks alone: never trained together
+        for path in outs[index].glob("ledger.*.jsonl"):
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            assert all(r["participants"] == size for r in rows if r.get("committed")), rows

@@ -31,6 +31,11 @@ from .shards import local_shards, rebuild_shards, shard_mesh
 _MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
 
 
+class GroupSizeMismatch(RuntimeError):
+    """The replica groups of a job run different numbers of processes (refused: rank r of every
+    group must hold the same shard and take the same slice of a step)."""
+
+
 def say(text: str) -> None:
     """A quorum report: one line on stdout, flushed, with the prefix the launcher's lines carry."""
     print(f"cadence fault tolerance: {text}", flush=True)
@@ -161,7 +166,7 @@ class FaultTolerantSession:
 
         sender = (state["group_rank"], state["group_world_size"])
         if sender != (self.group_rank, self.group_world_size):
-            raise RuntimeError(
+            raise GroupSizeMismatch(
                 f"replica group {self.config.replica_group}'s process {self.group_rank} of "
                 f"{self.group_world_size} was sent the state of process {sender[0]} of {sender[1]} "
                 f"of group {state['group']}: every replica group must run the same number of "
@@ -192,6 +197,8 @@ class FaultTolerantSession:
         try:
             self.manager.start_quorum()
             self._wait_for_every_group()
+        except GroupSizeMismatch:  # found at a heal: said as it is, not as a missing quorum
+            raise
         except Exception as error:
             raise RuntimeError(
                 f"replica group {self.config.replica_group}: no quorum within "
@@ -273,14 +280,10 @@ class FaultTolerantSession:
         """Average the gradients across the quorum and vote; True when the step commits."""
         self.begin_step(by_loader=False)
         groups = self.config.replica_groups or 0
-        # This group's row of the quorum's membership holds its process count: the average tells
-        # the members and whether they all run as many processes as this group (see _check_sizes).
         membership = torch.zeros(max(groups, 1), dtype=torch.float32)
         if groups:
-            membership[self.config.replica_group] = float(self.group_world_size)
+            membership[self.config.replica_group] = 1.0
         averaged = average_across_groups(self.manager, parameters, membership, self.device)
-        if groups and self.manager.errored() is None:  # a failed collective's sums are partial
-            self._check_sizes(averaged * self.manager.num_participants())
         committed = self.manager.should_commit()
         participants = self.manager.num_participants()
         self._view = None
@@ -302,23 +305,6 @@ class FaultTolerantSession:
                     "its samples are drawn again"
                 )
         return committed
-
-    def _check_sizes(self, sizes: torch.Tensor) -> None:
-        """Refuse a quorum whose groups run different process counts: rank r of every group must
-        hold the same shard, and a step's samples are cut over participants x group size."""
-        found = {
-            int(i): round(float(sizes[i])) for i in torch.nonzero(sizes.round() >= 1).flatten()
-        }
-        others = {group: size for group, size in found.items() if size != self.group_world_size}
-        if others:
-            error = RuntimeError(
-                f"replica group {self.config.replica_group} runs {self.group_world_size} processes "
-                f"but {', '.join(f'group {g} runs {n}' for g, n in sorted(others.items()))}: every "
-                "replica group of a fault-tolerant job must run the same number of processes "
-                "(--nproc_per_node and --num_machines alike on every group's launcher)"
-            )
-            self.manager.report_error(error)  # nothing of this step commits
-            raise error
 
     def _note_members(self, counts: torch.Tensor, step: int) -> None:
         members = frozenset(int(i) for i in torch.nonzero(counts.round() >= 1).flatten().tolist())
