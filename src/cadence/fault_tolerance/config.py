@@ -36,7 +36,9 @@ class FaultToleranceConfig(KwargsHandler):
     """Per-step fault tolerance for this process's replica group (torchft).
 
     Pass it in `Accelerator(kwargs_handlers=[FaultToleranceConfig(...)])`, or launch with
-    `cadence launch --fault_tolerance`, which hands the same fields to every worker.
+    `cadence launch --fault_tolerance`, which hands the same fields to every worker. Inside a group
+    the processes train with DDP or with FSDP2 sharded over the group (`check_parallelism` says
+    what else is refused); every group runs the same number of processes.
 
     Args:
         lighthouse: address of torchft's Lighthouse (`http://HOST:PORT`).
