@@ -11,7 +11,10 @@ at the first step committed with fewer groups than the job's after the kill), FT
 first; the script also runs under a plain `cadence launch`, as one group), FT_ACCUM (gradient
 accumulation steps), FT_MLP (an MLP of that width instead of the linear model), FT_GATHER
 (gather_for_metrics of each step's ids, inputs and ids as objects, into the ledger; and once after
-the first step closed, where it is refused: FT_OUT/gather_refused.GROUP).
+the first step closed, where it is refused: FT_OUT/gather_refused.GROUP), FT_MOMENTUM (SGD's
+momentum: optimizer state that a healing group receives), FT_FSDP2 (shard the model with FSDP2
+inside each group: `FullyShardedDataParallelPlugin(fsdp_version=2)`; the weights written are the
+full ones).
 """
 
 import json
@@ -21,7 +24,7 @@ import time
 
 import torch
 
-from cadence import Accelerator
+from cadence import Accelerator, FullyShardedDataParallelPlugin
 
 
 class Indexed(torch.utils.data.Dataset):
@@ -59,7 +62,8 @@ def main() -> None:
         )  # fmt: skip
     else:
         model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    momentum = float(os.environ.get("FT_MOMENTUM", "0"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
     loader = torch.utils.data.DataLoader(
         Indexed(int(os.environ.get("FT_SAMPLES", "64"))),
@@ -67,8 +71,11 @@ def main() -> None:
         shuffle=True,
         generator=torch.Generator().manual_seed(1),
     )
+    fsdp = {}
+    if os.environ.get("FT_FSDP2"):  # in code: the launcher's --use_fsdp excludes --cpu
+        fsdp["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2)
     accelerator = Accelerator(
-        cpu=True, gradient_accumulation_steps=int(os.environ.get("FT_ACCUM", "1"))
+        cpu=True, gradient_accumulation_steps=int(os.environ.get("FT_ACCUM", "1")), **fsdp
     )
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     if os.environ.get("FT_RESUME"):
@@ -147,7 +154,9 @@ def main() -> None:
             ledger.flush()
         if slow_alone and participants < full:
             time.sleep(slow_alone)
-    weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    # FSDP2's parameters are shards (DTensors): gather the full ones (a collective of the group).
+    tensors = [getattr(p, "full_tensor", p.detach)() for p in model.parameters()]
+    weights = torch.cat([t.detach().flatten() for t in tensors]).tolist()
     with open(os.path.join(out, f"weights.{group}.{accelerator.process_index}.json"), "w") as f:
         json.dump({"weights": weights, "incarnation": incarnation, "steps": steps}, f)
     accelerator.end_training()

@@ -36,7 +36,9 @@ class FaultToleranceConfig(KwargsHandler):
     """Per-step fault tolerance for this process's replica group (torchft).
 
     Pass it in `Accelerator(kwargs_handlers=[FaultToleranceConfig(...)])`, or launch with
-    `cadence launch --fault_tolerance`, which hands the same fields to every worker.
+    `cadence launch --fault_tolerance`, which hands the same fields to every worker. Inside a group
+    the processes train with DDP or with FSDP2 sharded over the group (`check_parallelism` says
+    what else is refused); every group runs the same number of processes.
 
     Args:
         lighthouse: address of torchft's Lighthouse (`http://HOST:PORT`).
@@ -109,8 +111,10 @@ def check_fields(config: FaultToleranceConfig) -> list[str]:
 
 
 SUPPORTED_INSIDE_A_GROUP = (
-    "one process, or DDP over the group's processes (gradients averaged inside the group, then "
-    "across the groups through torchft's Manager)"
+    "one process, DDP over the group's processes (gradients averaged inside the group, then "
+    "across the groups through torchft's Manager), or FSDP2 sharded over the group's processes "
+    "(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2) / --use_fsdp --fsdp_version 2; "
+    "each rank's gradient shard averaged with the same rank's of the other groups)"
 )
 
 
@@ -123,36 +127,46 @@ def check_parallelism(
     parallelism_config: Any = None,
 ) -> None:
     """Refuse, before anything starts, a parallelism inside a replica group that fault tolerance
-    cannot make exact: FSDP / FSDP2 (and so HSDP), DeepSpeed, tensor, context or sequence parallelism.
+    cannot make exact.
 
-    torchft 0.2.0 replicates FSDP2 shards through a device mesh of its own (HSDP), but the heal of
-    sharded optimizer state, the exactly-once cursor over sharded ranks and the commit gate around
-    FSDP2's reduce-scatter are not built here, and CPU (gloo) runs cannot check them; DDP first.
+    Supported inside a group: one process, DDP, and FSDP2 (`fully_shard`) sharded over the group's
+    processes only, which with the replication across groups through torchft's Manager is HSDP:
+    rank r of every group holds the same shard, so each rank's gradient shard is averaged with rank
+    r's of the other groups (the Manager's cross-group process group pairs rank r with rank r), and
+    a healing group's rank r receives rank r's model and optimizer shards. Refused: FSDP version 1
+    (its flat parameters have no per-rank shard layout that a peer's rank can load), HSDP inside a
+    group (`dp_replicate_size > 1` with `dp_shard_size > 1`: the groups are the replicas), `dp_shard_size`
+    without FSDP2, DeepSpeed, tensor, context and sequence parallelism (their state and collectives
+    are not built into the commit gate and the heal).
     """
     if config is None:
         return
-    found: dict[str, str] = {}  # kind -> how it was asked for (a kind named once)
-    if fsdp_plugin is not None:
-        found["FSDP"] = "fsdp_plugin / --use_fsdp"
+    found: dict[str, tuple[str, str]] = {}  # kind -> (how it was asked for, why); a kind named once
+    fsdp2 = fsdp_plugin is not None and getattr(fsdp_plugin, "fsdp_version", 1) == 2
+    if fsdp_plugin is not None and not fsdp2:
+        found["FSDP"] = ("fsdp_plugin / --use_fsdp", " with fsdp_version=1")
     if deepspeed_plugins:
-        found["DeepSpeed"] = "deepspeed_plugin / --use_deepspeed"
+        found["DeepSpeed"] = ("deepspeed_plugin / --use_deepspeed", "")
     if torch_tp_plugin is not None:
-        found["tensor parallelism"] = "torch_tp_plugin"
+        found["tensor parallelism"] = ("torch_tp_plugin", "")
     if parallelism_config is not None:
-        for name, kind in (
-            ("dp_shard_size", "FSDP2 sharding (HSDP)"),
-            ("tp_size", "tensor parallelism"),
-            ("cp_size", "context parallelism"),
-            ("sp_size", "sequence parallelism"),
+        sharded = (getattr(parallelism_config, "dp_shard_size", None) or 1) > 1
+        for name, kind, allowed, why in (
+            ("dp_shard_size", "FSDP2 sharding (HSDP)", fsdp2, " without fsdp_version=2"),
+            # DDP (replication alone) is fine; replicas of a shard inside a group are not.
+            ("dp_replicate_size", "HSDP inside a group", not sharded, " with dp_shard_size > 1"),
+            ("tp_size", "tensor parallelism", False, ""),
+            ("cp_size", "context parallelism", False, ""),
+            ("sp_size", "sequence parallelism", False, ""),
         ):
-            if (getattr(parallelism_config, name, None) or 1) > 1:
-                found.setdefault(kind, name)
+            if (getattr(parallelism_config, name, None) or 1) > 1 and not allowed:
+                found.setdefault(kind, (name, why))
     if found:
+        named = ", ".join(f"{kind} ({how}){why}" for kind, (how, why) in found.items())
         raise ValueError(
-            f"fault tolerance (replica group {config.replica_group}) cannot train with "
-            f"{', '.join(f'{kind} ({how})' for kind, how in found.items())} inside a replica group: Cadence supports {SUPPORTED_INSIDE_A_GROUP}. "
-            "Drop that setting, or train without --fault_tolerance (docs: Training through "
-            "failures, limits)"
+            f"fault tolerance (replica group {config.replica_group}) cannot train with {named} "
+            f"inside a replica group: Cadence supports {SUPPORTED_INSIDE_A_GROUP}. Drop that "
+            "setting, or train without --fault_tolerance (docs: Training through failures, limits)"
         )
 
 

@@ -1,5 +1,10 @@
 """The cross-group gradient average: the gradients flattened into buckets, each averaged through
-torchft's `Manager.allreduce` (which leaves a failed collective to the commit vote)."""
+torchft's `Manager.allreduce` (which leaves a failed collective to the commit vote).
+
+Under FSDP2 a gradient is a DTensor sharded over the group's ranks; its local shard is what is
+averaged: the Manager's process group of rank r joins rank r of every group (torchft keys its
+store by group rank), and rank r of every group holds the same shard (the groups have the same
+process count), so the shards average as the full gradients would."""
 
 from __future__ import annotations
 
@@ -15,17 +20,25 @@ BUCKET_BYTES = 25 * 1024 * 1024
 ALONE_BYTES = 1024 * 1024
 
 
+def local_gradient(grad: torch.Tensor) -> torch.Tensor:
+    """The part of `grad` this process holds: a DTensor's local shard (a view: writing it writes
+    the gradient), any other tensor as it is."""
+    to_local = getattr(grad, "to_local", None)  # DTensor's; a plain tensor has none
+    return to_local() if callable(to_local) else grad
+
+
 def gradient_buckets(
     parameters: Iterable[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES
 ) -> list[list[torch.Tensor]]:
-    """The parameters' gradients grouped by dtype and device, each group cut at `bucket_bytes`;
-    a contiguous gradient of `ALONE_BYTES` or more is a bucket of its own."""
+    """The parameters' local gradients (see `local_gradient`) grouped by dtype and device, each
+    group cut at `bucket_bytes`; a contiguous gradient of `ALONE_BYTES` or more is a bucket of
+    its own."""
     groups: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
     sizes: dict[tuple[torch.dtype, torch.device], int] = {}
     for parameter in parameters:
-        grad = parameter.grad
-        if grad is None:
+        if parameter.grad is None:
             continue
+        grad = local_gradient(parameter.grad)
         key = (grad.dtype, grad.device)
         buckets = groups.setdefault(key, [[]])
         nbytes = grad.numel() * grad.element_size()
@@ -37,39 +50,42 @@ def gradient_buckets(
             sizes[key] = 0
         buckets[-1].append(grad)
         sizes[key] = sizes.get(key, 0) + nbytes
-    return [bucket for buckets in groups.values() for bucket in buckets]
+    return [bucket for buckets in groups.values() for bucket in buckets if bucket]
 
 
 def average_across_groups(
-    manager: Any, parameters: Iterable[torch.nn.Parameter], membership: torch.Tensor
+    manager: Any,
+    parameters: Iterable[torch.nn.Parameter],
+    membership: torch.Tensor,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """Average the gradients of `parameters` over the quorum's participants, in place.
 
-    A bucket of one contiguous gradient is reduced where it lies; smaller gradients are flattened
-    together (one copy in, one copy back), as DDP's buckets are. `membership` (this group's
-    share row) rides in the first flattened float32 bucket, so the quorum's members are learnt
-    without a collective of their own; returns its average. All buckets are started before any
-    is waited for.
+    A bucket of one large contiguous gradient on the collective's device is reduced where it
+    lies; other gradients are flattened together (one copy in, one copy back), as DDP's buckets
+    are. `membership` (this group's share row) rides in the first flattened float32 bucket, so
+    the quorum's members are learnt without a collective of their own; returns its average. All
+    buckets are started before any is waited for. Buckets travel on `device` (the cross-group
+    backend's) when given: gradients FSDP2 offloads to the CPU are copied there and back.
     """
     buckets = gradient_buckets(parameters)
     flats: list[torch.Tensor] = []
     carried = False
     for bucket in buckets:
         grad = bucket[0]
-        if (
-            len(bucket) == 1
-            and grad.is_contiguous()
-            and grad.numel() * grad.element_size() >= ALONE_BYTES
-        ):
+        alone = len(bucket) == 1 and grad.numel() * grad.element_size() >= ALONE_BYTES
+        if alone and grad.is_contiguous() and (device is None or grad.device == device):
             flats.append(grad)  # reduced in place: no copy of the largest gradients
             continue
         flat = torch.cat([grad.reshape(-1) for grad in bucket])
+        if device is not None:
+            flat = flat.to(device)
         if not carried and flat.dtype == torch.float32:
             flat = torch.cat([flat, membership.to(flat.device)])
             carried = True
         flats.append(flat)
     if not carried:
-        flats.append(membership.clone())
+        flats.append(membership.to(device) if device is not None else membership.clone())
     works = [manager.allreduce(flat) for flat in flats]
     for work in works:
         work.wait()

@@ -24,10 +24,16 @@ from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
+from .shards import local_shards, rebuild_shards, shard_mesh
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
 _MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
+
+
+class GroupSizeMismatch(RuntimeError):
+    """The replica groups of a job run different numbers of processes (refused: rank r of every
+    group must hold the same shard and take the same slice of a step)."""
 
 
 def say(text: str) -> None:
@@ -166,10 +172,15 @@ class FaultTolerantSession:
         # Weights, optimizer and scheduler change only after the commit, which waits for the
         # quorum (and so for this send) to finish.
         moving = self._moving if self._moving is not None else self._capture_moving_state()
+        # FSDP2's DTensors travel as this rank's local shards (shards.py says why).
         return {
             "group": self.config.replica_group,
-            "models": [_unwrap(model).state_dict() for model in self.models],
-            "optimizers": [optimizer.optimizer.state_dict() for optimizer in self.optimizers],
+            "group_rank": self.group_rank,
+            "group_world_size": self.group_world_size,
+            "models": [local_shards(_unwrap(model).state_dict()) for model in self.models],
+            "optimizers": [
+                local_shards(optimizer.optimizer.state_dict()) for optimizer in self.optimizers
+            ],
             "schedulers": [scheduler.scheduler.state_dict() for scheduler in self.schedulers],
             **moving,
         }
@@ -177,10 +188,20 @@ class FaultTolerantSession:
     def _load_state(self, state: dict[str, Any]) -> None:
         import numpy
 
+        sender = (state["group_rank"], state["group_world_size"])
+        if sender != (self.group_rank, self.group_world_size):
+            raise GroupSizeMismatch(
+                f"replica group {self.config.replica_group}'s process {self.group_rank} of "
+                f"{self.group_world_size} was sent the state of process {sender[0]} of {sender[1]} "
+                f"of group {state['group']}: every replica group must run the same number of "
+                "processes (--nproc_per_node and --num_machines alike on every group's launcher)"
+            )
         for model, weights in zip(self.models, state["models"]):
-            _unwrap(model).load_state_dict(weights)
+            mesh = shard_mesh(_unwrap(model).parameters())
+            _unwrap(model).load_state_dict(rebuild_shards(weights, mesh))
         for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
-            optimizer.load_state_dict(optimizer_state)
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            optimizer.load_state_dict(rebuild_shards(optimizer_state, shard_mesh(parameters)))
         for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
             scheduler.scheduler.load_state_dict(scheduler_state)
         for loader, position in zip(self.loaders, state["loaders"]):
@@ -214,6 +235,8 @@ class FaultTolerantSession:
             self.manager.start_quorum()
             if basis is None:
                 self._wait_for_every_group()
+        except GroupSizeMismatch:  # found at a heal: said as it is, not as a missing quorum
+            raise
         except Exception as error:
             raise self._no_quorum(step, error) from error
         finally:
@@ -353,7 +376,7 @@ class FaultTolerantSession:
         groups = self.config.replica_groups or 0
         # The share row rides in the gradient all-reduce: every contributing group learns the
         # step's members and how each cut the batch, without a collective of its own.
-        averaged = average_across_groups(self.manager, parameters, self._share_row())
+        averaged = average_across_groups(self.manager, parameters, self._share_row(), self.device)
         participating = self.manager.is_participating()
         summed = averaged * self.manager.num_participants()  # torchft averaged over its count
         if not self._one_cut(summed):

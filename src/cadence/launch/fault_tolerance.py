@@ -97,12 +97,18 @@ def _check(ft: dict[str, Any], args: argparse.Namespace | None = None) -> None:
     problems = []
     given = vars(args) if args is not None else {}
     if ft.get("fault_tolerance"):
-        for flag in ("use_fsdp", "use_deepspeed"):
-            if given.get(flag):
-                problems.append(
-                    f"--{flag} with --fault_tolerance: inside a replica group Cadence supports "
-                    f"{SUPPORTED_INSIDE_A_GROUP} (FSDP/HSDP and DeepSpeed are not supported)"
-                )
+        # FSDP2 shards inside each group (replicated across groups: HSDP); FSDP1 and DeepSpeed
+        # are refused here, and again by the worker's Accelerator for a config file's settings.
+        if given.get("use_fsdp") and str(given.get("fsdp_version") or 1) != "2":
+            problems.append(
+                "--use_fsdp with --fault_tolerance needs --fsdp_version 2 (FSDP version 1 is not "
+                f"supported): inside a replica group Cadence supports {SUPPORTED_INSIDE_A_GROUP}"
+            )
+        if given.get("use_deepspeed"):
+            problems.append(
+                "--use_deepspeed with --fault_tolerance: inside a replica group Cadence supports "
+                f"{SUPPORTED_INSIDE_A_GROUP} (DeepSpeed is not supported)"
+            )
     missing = torchft_missing_message("--fault_tolerance")
     if missing:
         problems.append(missing)
