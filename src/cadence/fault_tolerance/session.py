@@ -25,6 +25,7 @@ from .config import FaultToleranceConfig
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
 from .shards import local_shards, rebuild_shards, shard_mesh
+from .step_share import contributors, one_cut, share_row
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
@@ -149,6 +150,7 @@ class FaultTolerantSession:
         )
         self._members: frozenset[int] | None = None
         self.discarded_steps = 0
+        self.overlapped_steps = 0  # steps drawn on the previous quorum (theirs formed alongside)
         self.committed_steps = 0
         # One thread for the session's life, not one per step: it says why a quorum is late.
         self._watchdog = _QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
@@ -242,6 +244,7 @@ class FaultTolerantSession:
         finally:
             self._watchdog.disarm()
         self._drawn_on = basis
+        self.overlapped_steps += basis is not None
         healed = self._healed_from is not None
         self._say_healed()
         if healed and not by_loader:
@@ -289,37 +292,24 @@ class FaultTolerantSession:
             self._watchdog.disarm()
 
     def _share_row(self) -> torch.Tensor:
-        """What this group says of the open step in the step's all-reduce, summed over the
-        contributing groups: a one-hot row of its index, the participant count and the
-        participating rank its batch was cut with, and the participant count torchft averages
-        and votes with (a row of zeros while it heals beside an overlapped quorum: torchft sends
-        zeros for a group that does not participate)."""
-        groups = self.config.replica_groups or 1
-        row = torch.zeros(4 * groups, dtype=torch.float32)
-        if self.config.replica_groups:
-            view = self._view
-            assert view is not None, "a step is open"
-            row[self.config.replica_group] = 1.0
-            row[groups + self.config.replica_group] = view.participants // self.group_world_size
-            row[2 * groups + self.config.replica_group] = view.index // self.group_world_size
-            row[3 * groups + self.config.replica_group] = self.manager.num_participants()
-        return row
+        """This group's row of the open step (step_share.py); zeros without the job's group count."""
+        groups = self.config.replica_groups
+        if not groups:
+            return torch.zeros(4, dtype=torch.float32)
+        view = self._view
+        assert view is not None, "a step is open"
+        return share_row(
+            groups,
+            self.config.replica_group,
+            cut_with=view.participants // self.group_world_size,
+            rank=view.index // self.group_world_size,
+            counted=self.manager.num_participants(),
+        )
 
     def _one_cut(self, summed: torch.Tensor) -> bool:
-        """Whether the contributing groups cut the step's batch from one quorum: each cut it for,
-        and torchft counts, as many participants as contributed, and their ranks are 0 .. n-1 once
-        each (then their slices are the step's `n x batch` samples, each once, and every group
-        averages over the same count)."""
         groups = self.config.replica_groups
-        if not groups:  # every step waits for its quorum: the cuts agree by construction
-            return True
-        counts = summed.round().to(torch.int64).tolist()
-        members = [g for g in range(groups) if counts[g] >= 1]
-        if any(counts[g] > 1 for g in range(groups)):
-            return False  # cannot happen with distinct group indices; never commit on it
-        assumed = {counts[k * groups + g] for g in members for k in (1, 3)}
-        ranks = sorted(counts[2 * groups + g] for g in members)
-        return assumed == {len(members)} and ranks == list(range(len(members)))
+        # Without the group count every step waits for its quorum: the cuts agree by construction.
+        return one_cut(summed, groups) if groups else True
 
     def _wait_for_every_group(self) -> None:
         """Before the job's first commit, quorum again until every group of the job is in it.
@@ -395,13 +385,13 @@ class FaultTolerantSession:
             loader.end_step(committed)
         step = self.manager.current_step()
         drawn = (self.manager.participating_rank(), participants)
-        everyone = bool(groups) and int((summed[:groups].round() >= 1).sum()) == groups
+        everyone = bool(groups) and len(contributors(summed, groups)) == groups
         self._basis = drawn if committed and everyone and drawn[0] is not None else None
         self._moving = None
         if committed:
             self.committed_steps += 1
             if groups:
-                self._note_members(summed[:groups], step)
+                self._note_members(frozenset(contributors(summed, groups)), step)
         else:
             self.discarded_steps += 1
             if self.group_rank == 0:
@@ -415,8 +405,7 @@ class FaultTolerantSession:
         self._say_healed()  # a heal applied by the vote (beside an overlapped quorum)
         return committed
 
-    def _note_members(self, counts: torch.Tensor, step: int) -> None:
-        members = frozenset(int(i) for i in torch.nonzero(counts.round() >= 1).flatten().tolist())
+    def _note_members(self, members: frozenset[int], step: int) -> None:
         before, self._members = self._members, members
         if before is None or before == members or self.group_rank != 0:
             return

@@ -1,0 +1,51 @@
+"""What each replica group says of a step in the step's own gradient all-reduce, and what the sum
+of those rows tells every group: who contributed, and whether they all cut the batch from one
+quorum (see session.py: a step may be drawn on the previous step's quorum).
+
+A row has four blocks of `groups` slots; group g writes only its slot of each: 1 (it contributed),
+the participant count its batch was cut with, its participating rank in that cut, and the
+participant count torchft averages and votes with. A group torchft does not count as a participant
+(one healing beside an overlapped quorum) sends zeros: it contributes nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def share_row(groups: int, group: int, cut_with: int, rank: int, counted: int) -> torch.Tensor:
+    """Group `group`'s row: its batch cut as `rank` of `cut_with` participants; torchft counts
+    `counted` participants."""
+    row = torch.zeros(4 * groups, dtype=torch.float32)
+    for block, value in enumerate((1, cut_with, rank, counted)):
+        row[block * groups + group] = value
+    return row
+
+
+def contributors(summed: torch.Tensor, groups: int) -> list[int]:
+    """The groups whose rows are in `summed` (the rows' sum)."""
+    counts = summed[:groups].round().to(torch.int64).tolist()
+    return [g for g in range(groups) if counts[g] >= 1]
+
+
+def one_cut(summed: torch.Tensor, groups: int) -> bool:
+    """Whether the contributing groups cut the step's batch from one quorum: each cut it for, and
+    torchft counts, as many participants as contributed, and their ranks are 0 .. n-1 once each.
+    Then their slices are the step's `n x batch` samples, each once, and every group averages over
+    the same count; otherwise the step must be discarded by every group.
+
+    Example: two groups, both cut as 2 participants, ranks 0 and 1, counted 2: one cut.
+
+        >>> rows = share_row(2, 0, 2, 0, 2) + share_row(2, 1, 2, 1, 2)
+        >>> one_cut(rows, 2)
+        True
+        >>> one_cut(share_row(2, 0, 2, 0, 2) + share_row(2, 1, 1, 0, 1), 2)
+        False
+    """
+    counts = summed.round().to(torch.int64).tolist()
+    if any(counts[g] > 1 for g in range(groups)):
+        return False  # a group counted twice: never happens with distinct indices; never commit
+    members = contributors(summed, groups)
+    assumed = {counts[block * groups + g] for g in members for block in (1, 3)}
+    ranks = sorted(counts[2 * groups + g] for g in members)
+    return assumed == {len(members)} and ranks == list(range(len(members)))

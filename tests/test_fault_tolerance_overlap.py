@@ -1,0 +1,98 @@
+"""The overlapped quorum of fault tolerance (issue 36): a step after a committed step with every
+group in it is cut on that step's quorum while its own forms beside the forward pass; the step's
+all-reduce carries each group's cut, and any difference discards the step on every group.
+
+The rule that decides it is walked over every way up to three groups can cut a step, against the
+samples each group trains; a real three-group run checks healthy steps are overlapped, and that
+gather_for_metrics on an overlapped step returns the step's global batch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_fault_tolerance import _launch, _rank_ledgers, _script
+
+from cadence.fault_tolerance.step_share import contributors, one_cut, share_row
+
+BATCH = 2  # samples per participant in the walk below
+
+
+def _exact(cuts: dict[int, tuple[int, int, int]]) -> bool:
+    """From first principles: the contributors' samples are the step's `k x BATCH` samples, each
+    once (rank r of a cut trains samples r*BATCH .. r*BATCH+BATCH-1), every group cut for `k`
+    participants (the epoch's tail is shared out by that count) and averages over `k`."""
+    k = len(cuts)
+    if not k:
+        return False
+    trained = [s for _, rank, _ in cuts.values() for s in range(rank * BATCH, rank * BATCH + BATCH)]
+    same_samples = sorted(trained) == list(range(k * BATCH))
+    return same_samples and all(cut == k and counted == k for cut, _, counted in cuts.values())
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3])
+def test_one_cut_agrees_with_the_samples_trained_for_every_way_groups_cut_a_step(
+    groups: int,
+) -> None:
+    """Every subset of contributing groups, each with every (participants cut for, rank, count
+    torchft averages over) in 1..G x 0..G-1 x 1..G: one_cut is True exactly when the step trains
+    its samples once and every group averages over the contributors."""
+    values = list(itertools.product(range(1, groups + 1), range(groups), range(1, groups + 1)))
+    walked = agreed = 0
+    for size in range(groups + 1):
+        for members in itertools.combinations(range(groups), size):
+            for choice in itertools.product(values, repeat=size):
+                cuts = dict(zip(members, choice))
+                summed = torch.zeros(4 * groups)
+                for g, cut in cuts.items():
+                    summed += share_row(groups, g, *cut)
+                assert contributors(summed, groups) == list(members)
+                assert one_cut(summed, groups) == _exact(cuts), cuts
+                walked += 1
+                agreed += _exact(cuts)
+    assert agreed >= 1 and walked > agreed  # both answers occur in the walk
+
+
+def test_three_groups_overlap_healthy_steps_and_gather_on_an_overlapped_step(
+    tmp_path: Path,
+) -> None:
+    """3 replica groups x 1 process, healthy: no step discarded, every sample once, the same
+    weights; steps after the first are overlapped until gather_for_metrics starts (step 3, itself
+    overlapped: checked, then gathered), after which every step waits for its quorum. Each gather
+    (tensors and objects) is the step's global batch in the groups' order, the same on all three;
+    the tail (one sample a group) too."""
+    pytest.importorskip("torchft")
+    samples, first_gather = 45, 3  # 6 a step: 7 whole steps, then the tail of 3
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "3",
+        FT_SAMPLES=str(samples), FT_BATCH=str(BATCH), FT_GATHER="1",
+        FT_GATHER_FROM=str(first_gather),
+    )  # fmt: skip
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-6000:]
+    ledgers = _rank_ledgers(tmp_path, 3, 1)
+    rows = [ledgers[(g, 0)] for g in range(3)]
+    assert all(r["committed"] for group in rows for r in group), text[-3000:]
+    assert sorted(i for group in rows for r in group for i in r["ids"]) == list(range(samples))
+    weights = [json.loads((tmp_path / f"weights.{g}.0.json").read_text()) for g in range(3)]
+    assert weights[0]["weights"] == weights[1]["weights"] == weights[2]["weights"]
+    for group in rows:
+        overlapped = [r["overlapped"] for r in group]
+        # Step 0 waits (no quorum before it); 1 .. first_gather are drawn on the previous one;
+        # from the first gather on, every step waits for its quorum.
+        assert overlapped[: first_gather + 1] == list(range(first_gather + 1)), overlapped
+        assert set(overlapped[first_gather:]) == {first_gather}, overlapped
+    data = _script().Indexed(samples)
+    for step in range(first_gather, len(rows[0])):
+        records = [group[step] for group in rows]
+        assert all(r["gathered"] == records[0]["gathered"] for r in records), step
+        gathered = records[0]["gathered"]
+        assert gathered["ids"] == [i for r in records for i in r["ids"]]  # groups 0, 1, 2
+        assert gathered["objects"] == gathered["ids"]
+        assert torch.equal(torch.tensor(gathered["x"]), data.x[torch.tensor(gathered["ids"])])
+    assert [len(group[-1]["ids"]) for group in rows] == [1, 1, 1]  # the tail, shared out
+    refused = (tmp_path / "gather_refused.0").read_text()
+    assert "Call gather_for_metrics before optimizer.step()" in refused
