@@ -105,8 +105,14 @@ class LaunchPlan:
 
     @property
     def multi_process(self) -> bool:
-        """Whether torch elastic runs this launch (several processes or machines, or restarts)."""
-        return self.num_processes > 1 or self.num_machines > 1 or self.value("max_restarts") > 0
+        """Whether torch elastic runs this launch (several processes or machines, restarts, or a
+        fault-tolerant replica group: its Manager needs the group's store, which the agent serves)."""
+        return (
+            self.num_processes > 1
+            or self.num_machines > 1
+            or self.value("max_restarts") > 0
+            or "fault_tolerance" in self.record
+        )
 
     def value(self, name: str) -> Any:
         """The resolved value of the setting `name`."""
