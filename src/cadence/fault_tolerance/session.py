@@ -218,12 +218,13 @@ class FaultTolerantSession:
         """Open the step: start its quorum and say which slice of the data this rank takes;
         idempotent.
 
-        A step after a committed one is drawn on that step's quorum, and its own quorum is formed
-        while the forward and backward passes run; the commit then checks, in the gradient
-        all-reduce itself, that no participant's quorum changed (otherwise every group discards
-        the step and its samples are drawn again). The first step, a step after a discarded one,
-        and every step once `gather_for_metrics` is used wait for their quorum (and a heal from a
-        peer) before drawing.
+        A step after a committed one with every group of the job in it is drawn on that step's
+        quorum, and its own quorum is formed while the forward and backward passes run; the
+        commit then checks, in the gradient all-reduce itself, that every contributor cut the
+        batch from one quorum (step_share.py; otherwise every group discards the step and its
+        samples are drawn again). The first step, a step after a discarded one or one with a
+        group missing, and every step once `gather_for_metrics` is used wait for their quorum (and
+        a heal from a peer) before drawing.
         """
         if self._view is not None:
             return self._view
