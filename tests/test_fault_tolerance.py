@@ -108,6 +108,33 @@ def test_group_killed_between_steps_survivor_continues_and_heal_matches(
     assert survivor[-1]["lr"] == _ledger(tmp_path, 1)[-1]["lr"]
 
 
+def _replay(
+    steps: dict[int, list[dict]], data, model, optimizer, scheduler_steps: int = 1
+) -> list[float]:
+    """One process replays committed steps (step -> the records of its participating ranks): per
+    step the gradient of each rank's batch, averaged over them, then `optimizer` steps and a
+    StepLR(1, 0.99) on it `scheduler_steps` times (the prepared scheduler's steps per optimizer
+    step); returns the final weights, flattened."""
+    import torch
+
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
+    for step in sorted(steps):
+        records = steps[step]
+        assert {r["participants"] for r in records} == {len(records)}  # every participant logged
+        total = [torch.zeros_like(p) for p in model.parameters()]
+        for record in records:
+            model.zero_grad()
+            ids = torch.tensor(record["ids"])
+            torch.nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
+            total = [t + p.grad for t, p in zip(total, model.parameters())]
+        for parameter, summed in zip(model.parameters(), total):
+            parameter.grad = summed / len(records)
+        optimizer.step()
+        for _ in range(scheduler_steps):
+            scheduler.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
 def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
     killed_run: tuple[Path, str],
 ) -> None:
@@ -127,21 +154,7 @@ def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
-    for step in sorted(steps):
-        records = steps[step]
-        assert {r["participants"] for r in records} == {len(records)}  # every participant logged
-        total = [torch.zeros_like(p) for p in model.parameters()]
-        for record in records:
-            model.zero_grad()
-            ids = torch.tensor(record["ids"])
-            torch.nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
-            total = [t + p.grad for t, p in zip(total, model.parameters())]
-        for parameter, summed in zip(model.parameters(), total):
-            parameter.grad = summed / len(records)
-        optimizer.step()
-        scheduler.step()
-    replay = torch.cat([p.detach().flatten() for p in model.parameters()])
+    replay = torch.tensor(_replay(steps, data, model, optimizer))
     final = torch.tensor(_weights(out, 0))
     torch.testing.assert_close(final, replay, rtol=1e-5, atol=1e-6)
 

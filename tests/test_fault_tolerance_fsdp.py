@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sharded_helpers import needs_fsdp2_on_cpu
 from test_fault_tolerance import SCRIPT, _env, _launch, _rank_ledgers, _script
+from test_fault_tolerance import _replay as replay_steps
 
 HIDDEN = 8  # FT_MLP: an MLP whose 8-row layers split 4 / 4 over a group's two ranks
 
@@ -29,22 +30,7 @@ def _replay(steps: dict[int, list[dict]], samples: int) -> list[float]:
         torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1),
     )  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
-    for step in sorted(steps):
-        records = steps[step]
-        assert {r["participants"] for r in records} == {len(records)}  # every rank logged
-        total = [torch.zeros_like(p) for p in model.parameters()]
-        for record in records:
-            model.zero_grad()
-            ids = torch.tensor(record["ids"])
-            torch.nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
-            total = [t + p.grad for t, p in zip(total, model.parameters())]
-        for parameter, summed in zip(model.parameters(), total):
-            parameter.grad = summed / len(records)
-        optimizer.step()
-        scheduler.step()
-        scheduler.step()
-    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    return replay_steps(steps, data, model, optimizer, scheduler_steps=2)
 
 
 @needs_fsdp2_on_cpu
