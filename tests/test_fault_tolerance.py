@@ -181,6 +181,34 @@ def _rank_ledgers(out: Path, groups: int, ranks: int) -> dict[tuple[int, int], l
     return found
 
 
+def two_groups_of_two_killed_and_healed(
+    out: Path, samples: int, **knobs: str
+) -> tuple[dict[tuple[int, int], list[dict]], str]:
+    """2 replica groups x 2 processes, batches of 3, group 1 SIGKILLed before its 4th step and
+    restarted by its agent: the launch succeeds, the committed ids are the epoch exactly once, the
+    survivor never restarts and group 1 is reported lost, then healed. Returns (group, rank) ->
+    records, and the launch's output."""
+    # The survivor, sleeping 2 s a step alone, has 14 steps left after the kill: it outlasts the
+    # restart of a two-process group on a loaded machine (the run lasts as long as that restart).
+    result = _launch(
+        out, "--fault_tolerance", "--replica_groups", "2", "--nproc_per_node", "2",
+        "--max_restarts", "1",
+        FT_SAMPLES=str(samples), FT_BATCH="3", FT_KILL_GROUP="1", FT_KILL_AT="3",
+        FT_SLOW_ALONE="2.0", **knobs,
+    )  # fmt: skip
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-6000:]
+    ledgers = _rank_ledgers(out, 2, 2)
+    committed = sorted(
+        i for rows in ledgers.values() for r in rows if r["committed"] for i in r["ids"]
+    )
+    assert committed == list(range(samples))  # the epoch exactly once, across kill and heal
+    assert {r["incarnation"] for k in (0, 1) for r in ledgers[(0, k)]} == {0}
+    assert {r["incarnation"] for k in (0, 1) for r in ledgers[(1, k)]} == {0, 1}
+    assert "replica group 1 lost at step" in text and "group 1 healed from group 0" in text
+    return ledgers, text
+
+
 def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path) -> None:
     """2 replica groups x 2 processes (DDP inside a group, the Manager's average across groups):
     group 1 SIGKILLed between steps and restarted by its agent (both its processes), the survivor
@@ -194,25 +222,8 @@ def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path
     pytest.importorskip("torchft")
     import torch
 
-    # The survivor, sleeping 2 s a step alone, has 14 steps left after the kill: it outlasts the
-    # restart of a two-process group on a loaded machine (the run lasts as long as that restart).
     samples = 124
-    result = _launch(
-        tmp_path, "--fault_tolerance", "--replica_groups", "2", "--nproc_per_node", "2",
-        "--max_restarts", "1",
-        FT_SAMPLES=str(samples), FT_BATCH="3", FT_KILL_GROUP="1", FT_KILL_AT="3",
-        FT_SLOW_ALONE="2.0", FT_GATHER="1",
-    )  # fmt: skip
-    text = result.stdout + result.stderr
-    assert result.returncode == 0, text[-6000:]
-    ledgers = _rank_ledgers(tmp_path, 2, 2)
-    committed = sorted(
-        i for rows in ledgers.values() for r in rows if r["committed"] for i in r["ids"]
-    )
-    assert committed == list(range(samples))
-    assert {r["incarnation"] for g in (0,) for k in (0, 1) for r in ledgers[(g, k)]} == {0}
-    assert {r["incarnation"] for k in (0, 1) for r in ledgers[(1, k)]} == {0, 1}
-    assert "replica group 1 lost at step" in text and "group 1 healed from group 0" in text
+    ledgers, text = two_groups_of_two_killed_and_healed(tmp_path, samples, FT_GATHER="1")
     weights = [json.loads((tmp_path / f"weights.{g}.{k}.json").read_text())["weights"]
                for g in (0, 1) for k in (0, 1)]  # fmt: skip
     assert all(w == weights[0] for w in weights)

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 from sharded_helpers import needs_fsdp2_on_cpu
-from test_fault_tolerance import SCRIPT, _env, _launch, _rank_ledgers, _script
+from test_fault_tolerance import (
+    SCRIPT,
+    _env,
+    _script,
+    two_groups_of_two_killed_and_healed,
+)
 from test_fault_tolerance import _replay as replay_steps
 
 HIDDEN = 8  # FT_MLP: an MLP whose 8-row layers split 4 / 4 over a group's two ranks
@@ -45,24 +50,10 @@ def test_fsdp2_groups_kill_heal_exactly_once_and_full_weights_match_replay(
     pytest.importorskip("torchft")
     import torch
 
-    # As the DDP test of two-process groups: the survivor, 2 s a step alone, outlasts the restart.
-    samples = 124
-    result = _launch(
-        tmp_path, "--fault_tolerance", "--replica_groups", "2", "--nproc_per_node", "2",
-        "--max_restarts", "1",
-        FT_SAMPLES=str(samples), FT_BATCH="3", FT_KILL_GROUP="1", FT_KILL_AT="3",
-        FT_SLOW_ALONE="2.0", FT_FSDP2="1", FT_MLP=str(HIDDEN), FT_MOMENTUM="0.9",
-    )  # fmt: skip
-    text = result.stdout + result.stderr
-    assert result.returncode == 0, text[-6000:]
-    ledgers = _rank_ledgers(tmp_path, 2, 2)
-    committed = sorted(
-        i for rows in ledgers.values() for r in rows if r["committed"] for i in r["ids"]
+    samples = 124  # as the DDP test of two-process groups
+    ledgers, text = two_groups_of_two_killed_and_healed(
+        tmp_path, samples, FT_FSDP2="1", FT_MLP=str(HIDDEN), FT_MOMENTUM="0.9"
     )
-    assert committed == list(range(samples))  # the epoch exactly once, across kill and heal
-    assert {r["incarnation"] for k in (0, 1) for r in ledgers[(0, k)]} == {0}
-    assert {r["incarnation"] for k in (0, 1) for r in ledgers[(1, k)]} == {0, 1}
-    assert "replica group 1 lost at step" in text and "group 1 healed from group 0" in text
     healed_step = int(text.split("group 1 healed from group 0 at step ")[-1].split()[0])
     assert healed_step > 3  # the last heal is the restarted group's, after the kill
     alone = [r for r in ledgers[(0, 0)] if r["committed"] and r["participants"] == 2]
