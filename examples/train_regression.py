@@ -36,7 +36,9 @@ def main() -> None:
     eval_loader = DataLoader(make_dataset(100), batch_size=16)
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=len(train_loader) * epochs)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+        optimizer, T_max=len(train_loader) * epochs
+    )
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )

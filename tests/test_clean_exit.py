@@ -82,7 +82,9 @@ def test_demo_exits_zero_under_load(tmp_path):
     failures = []
     try:
         for run in range(RUNS):
-            result = _launch("--num_processes", "2", str(DEMO), *DEMO_ARGS, cwd=tmp_path, timeout=600)
+            result = _launch(
+                "--num_processes", "2", str(DEMO), *DEMO_ARGS, cwd=tmp_path, timeout=600
+            )
             if result.returncode != 0 or "learned weights" not in result.stdout:
                 failures.append(f"run {run}: exit {result.returncode}\n{result.stderr[-2000:]}")
     finally:
