@@ -27,7 +27,7 @@ demo: $(DEMO_STAMP)
 # Two test processes (pytest-xdist): most tests wait on the processes they start, so two of them keep
 # both cores busy and the suite within its time on a 2-core machine.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or reference.
 # `.venv/bin/mkdocs serve` serves it locally. The variables silence two banners printed by the theme and a plugin.

@@ -2,7 +2,10 @@
 
 cadence launch --num_processes 2 examples/train_regression.py
 python examples/train_regression.py            # one process
+python examples/train_regression.py --epochs 1 # a shorter run (8 epochs by default)
 """
+
+import argparse
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -20,6 +23,9 @@ def make_dataset(size: int = 512) -> TensorDataset:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=8, help="passes over the training set")
+    epochs = parser.parse_args().epochs
     accelerator = Accelerator()
     set_seed(42)
     accelerator.print(
@@ -30,11 +36,13 @@ def main() -> None:
     eval_loader = DataLoader(make_dataset(100), batch_size=16)
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=len(train_loader) * 8)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+        optimizer, T_max=len(train_loader) * epochs
+    )
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler
     )
-    for epoch in range(8):
+    for epoch in range(epochs):
         model.train()
         for x, y in train_loader:
             with accelerator.accumulate(model):
