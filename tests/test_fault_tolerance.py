@@ -104,6 +104,7 @@ def test_group_killed_between_steps_survivor_continues_and_heal_matches(
     assert any(r["participants"] == 1 and r["committed"] for r in survivor)  # trained alone
     assert "replica group 1 lost at step" in text and "1 of 2 groups training" in text
     assert "group 1 healed from group 0 at step" in text
+    assert text.count("replica group 1 joined at step") == 1 and "2 of 2 groups training" in text
     # The scheduler followed committed steps only: the same learning rate on both at the end.
     assert survivor[-1]["lr"] == _ledger(tmp_path, 1)[-1]["lr"]
 

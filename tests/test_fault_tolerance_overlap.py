@@ -16,7 +16,12 @@ import pytest
 import torch
 from test_fault_tolerance import _launch, _rank_ledgers, _script
 
-from cadence.fault_tolerance.step_share import contributors, one_cut, share_row
+from cadence.fault_tolerance.step_share import (
+    contributors,
+    membership_reports,
+    one_cut,
+    share_row,
+)
 
 BATCH = 2  # samples per participant in the walk below
 
@@ -97,3 +102,25 @@ def test_three_groups_overlap_healthy_steps_and_gather_on_an_overlapped_step(
     assert [len(group[-1]["ids"]) for group in rows] == [1, 1, 1]  # the tail, shared out
     refused = (tmp_path / "gather_refused.0").read_text()
     assert "Call gather_for_metrics before optimizer.step()" in refused
+
+
+def test_every_membership_change_is_reported_once_by_a_group_that_saw_it() -> None:
+    """Every pair (quorum before, quorum after) of three groups, each group seeing the change or
+    having just returned (no quorum of its own before): each lost and each joined group is said
+    exactly once over all groups, by a group in both quorums; nothing is said without a change."""
+    groups = range(3)
+    subsets = [frozenset(c) for size in range(1, 4) for c in itertools.combinations(groups, size)]
+    for before in subsets:
+        for after in subsets:
+            lines = [
+                line
+                for g in after
+                for line in membership_reports(before if g in before else None, after, g, 3, 7)
+            ]
+            expected = [f"replica group {g} lost at step 7" for g in sorted(before - after)]
+            expected += [f"replica group {g} joined at step 7" for g in sorted(after - before)]
+            if not before & after:
+                expected = []  # nobody saw both quorums: nobody can tell
+            said = sorted(line.split(";")[0] for line in lines)
+            assert said == sorted(expected), (before, after, lines)
+            assert all(line.endswith(f"{len(after)} of 3 groups training") for line in lines)

@@ -25,7 +25,7 @@ from .config import FaultToleranceConfig
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
 from .shards import local_shards, rebuild_shards, shard_mesh
-from .step_share import contributors, one_cut, share_row
+from .step_share import contributors, membership_reports, one_cut, share_row
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
@@ -408,19 +408,11 @@ class FaultTolerantSession:
 
     def _note_members(self, members: frozenset[int], step: int) -> None:
         before, self._members = self._members, members
-        if before is None or before == members or self.group_rank != 0:
-            return
-        if min(members) != self.config.replica_group:  # one group reports, not every survivor
-            return
-        total = self.config.replica_groups
-        for lost in sorted(before - members):
-            say(
-                f"replica group {lost} lost at step {step}; {len(members)} of {total} groups training"
-            )
-        for joined in sorted(members - before):
-            say(
-                f"replica group {joined} joined at step {step}; {len(members)} of {total} groups training"
-            )
+        if self.group_rank == 0:
+            for line in membership_reports(
+                before, members, self.config.replica_group, self.config.replica_groups, step
+            ):
+                say(line)
 
     # -- the prepared objects, handed over by the preparer ------------------------------------------
     def attach_model(self, model: torch.nn.Module) -> None:

@@ -49,3 +49,28 @@ def one_cut(summed: torch.Tensor, groups: int) -> bool:
     assumed = {counts[block * groups + g] for g in members for block in (1, 3)}
     ranks = sorted(counts[2 * groups + g] for g in members)
     return assumed == {len(members)} and ranks == list(range(len(members)))
+
+
+def membership_reports(
+    before: frozenset[int] | None, members: frozenset[int], group: int, total: int | None, step: int
+) -> list[str]:
+    """The lines group `group` says when a committed step's contributors are `members` and the
+    last ones it saw were `before` (None: it has seen none, e.g. it just returned).
+
+    One group reports each change: the first that was in both (a returning group has nothing of
+    its own to compare with, so it never reports its own return; one that stayed does).
+    """
+    if before is None or before == members:
+        return []
+    continuing = before & members
+    if not continuing or min(continuing) != group:
+        return []
+    lines = [
+        f"replica group {lost} lost at step {step}; {len(members)} of {total} groups training"
+        for lost in sorted(before - members)
+    ]
+    lines += [
+        f"replica group {joined} joined at step {step}; {len(members)} of {total} groups training"
+        for joined in sorted(members - before)
+    ]
+    return lines
