@@ -307,7 +307,12 @@ class Preparer:
             optimizer,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.dataloader_config.split_batches,
-            num_processes=self.strategy.context.num_processes,
+            # Under fault tolerance a step's samples are those of its participating ranks.
+            num_processes=(
+                self.fault_tolerance.committed_ranks
+                if self.fault_tolerance is not None
+                else self.strategy.context.num_processes
+            ),
             gradient_state=self.gradient_state,
         )
         mark_prepared(wrapped)

@@ -150,7 +150,8 @@ class FaultTolerantSession:
         )
         self._members: frozenset[int] | None = None
         self.discarded_steps = 0
-        self.overlapped_steps = 0  # steps drawn on the previous quorum (theirs formed alongside)
+        self.overlapped_steps = 0
+        self._committed_ranks = group_world_size  # ranks that trained the last committed step  # steps drawn on the previous quorum (theirs formed alongside)
         self.committed_steps = 0
         # One thread for the session's life, not one per step: it says why a quorum is late.
         self._watchdog = _QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
@@ -391,6 +392,7 @@ class FaultTolerantSession:
         self._moving = None
         if committed:
             self.committed_steps += 1
+            self._committed_ranks = participants * self.group_world_size
             if groups:
                 self._note_members(frozenset(contributors(summed, groups)), step)
         else:
@@ -433,6 +435,12 @@ class FaultTolerantSession:
             return self.commit(parameters)
 
         optimizer.step_gate = gate
+
+    def committed_ranks(self) -> int:
+        """The ranks, over every participating group, that trained the last committed step: the
+        prepared scheduler advances that many steps for it (as Accelerate's advances once per
+        process), so the schedule counts batches as one process would."""
+        return self._committed_ranks
 
     def attach_scheduler(self, scheduler: Any) -> None:
         """A prepared scheduler: it follows committed steps (the optimizer's skip flag); its state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..runtime.state import AcceleratorState, GradientState
@@ -21,7 +22,7 @@ class AcceleratedScheduler:
         step_with_optimizer: bool = True,
         split_batches: bool = False,
         *,
-        num_processes: int | None = None,
+        num_processes: int | Callable[[], int] | None = None,
         gradient_state: GradientState | None = None,
     ) -> None:
         """Wrap `scheduler` so it advances with its optimizers; `prepare()` builds it for you.
@@ -35,7 +36,9 @@ class AcceleratedScheduler:
             split_batches (bool): Whether batches are split among processes (then one step per call);
                 otherwise it advances `num_processes` steps per call, so the schedule counts samples as on
                 one process (default False).
-            num_processes (int | None): The number of processes; None means the process state's.
+            num_processes (int | Callable[[], int] | None): The number of processes; None means the
+                process state's. A callable is asked at each step (fault tolerance: the ranks that
+                trained the step just committed, which change with the quorum).
             gradient_state (GradientState | None): Tells whether gradients are synchronised; None means the
                 process's.
         """
@@ -67,7 +70,8 @@ class AcceleratedScheduler:
             return
         if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
             return
-        repeats = 1 if self.split_batches else self.num_processes
+        processes = self.num_processes
+        repeats = 1 if self.split_batches else (processes() if callable(processes) else processes)
         total_steps = getattr(self.scheduler, "total_steps", None)
         for _ in range(repeats):
             # OneCycleLR raises past its last step; the reference stops there instead.
