@@ -220,12 +220,16 @@ def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path
     committed steps it covers the epoch once; a gather that lost a group raised and its step was
     discarded; after the optimizer stepped it is refused. Batches of 3: 12 samples a step with both
     groups, 6 alone, so the epoch ends in a shorter step (4 samples, one per rank, or 10 shared
-    3/3/2/2, as the number of steps trained alone is even or odd) that every rank gathers whole."""
+    3/3/2/2, as the number of steps trained alone is even or odd) that every rank gathers whole.
+    Gathering starts at the second step, which is drawn on the first step's quorum when that one
+    committed: the gather checks the cut first; from then on every step waits for its quorum."""
     pytest.importorskip("torchft")
     import torch
 
     samples = 124
-    ledgers, text = two_groups_of_two_killed_and_healed(tmp_path, samples, FT_GATHER="1")
+    ledgers, text = two_groups_of_two_killed_and_healed(
+        tmp_path, samples, FT_GATHER="1", FT_GATHER_FROM="1"
+    )
     weights = [json.loads((tmp_path / f"weights.{g}.{k}.json").read_text())["weights"]
                for g in (0, 1) for k in (0, 1)]  # fmt: skip
     assert all(w == weights[0] for w in weights)
@@ -236,7 +240,14 @@ def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path
             if record["committed"]:
                 steps.setdefault(record["step"], {})[key] = record
     data = _script().Indexed(samples)
-    gathered_ids = []
+    first = min(steps)
+    if all("gathered" not in r for r in steps[first].values()):  # the first step did not gather
+        gathered_ids = [i for r in steps.pop(first).values() for i in r["ids"]]
+    else:
+        gathered_ids = []
+    assert all(
+        "overlapped" in r and r["overlapped"] <= 1 for rows in ledgers.values() for r in rows
+    )
     for step, records in sorted(steps.items()):
         groups = sorted({g for g, _ in records})
         assert len(records) == 2 * len(groups)  # both ranks of each participating group
@@ -250,7 +261,7 @@ def test_two_processes_per_group_kill_heal_and_gather_for_metrics(tmp_path: Path
         expected = data.x[torch.tensor(results[0]["ids"])]  # the inputs, rows in the same order
         assert torch.equal(torch.tensor(results[0]["x"]), expected)
         gathered_ids += results[0]["ids"]
-    assert sorted(gathered_ids) == list(range(samples))  # the epoch once, through the cursor
+    assert sorted(gathered_ids) == list(range(samples))  # the epoch once, with the first step
     last = steps[max(steps)]
     assert sum(len(r["ids"]) for r in last.values()) in (4, 10)  # the tail, each sample once
     for rows in ledgers.values():  # a gather that lost a group said so; its step was discarded

@@ -11,8 +11,9 @@ at the first step committed with fewer groups than the job's after the kill), FT
 first; the script also runs under a plain `cadence launch`, as one group), FT_ACCUM (gradient
 accumulation steps), FT_MLP (an MLP of that width instead of the linear model), FT_GATHER
 (gather_for_metrics of each step's ids, inputs and ids as objects, into the ledger; and once after
-the first step closed, where it is refused: FT_OUT/gather_refused.GROUP), FT_GATHER_FROM (the
-first step that gathers, 0 by default), FT_MOMENTUM (SGD's
+the first step closed, where it is refused: FT_OUT/gather_refused.GROUP), FT_GATHER_FROM (gathering
+starts once the job has committed that many steps, 0 by default: the job's count, which a restarted
+group receives with its heal, so every group gathers at the same steps, as collectives must be), FT_MOMENTUM (SGD's
 momentum: optimizer state that a healing group receives), FT_FSDP2 (shard the model with FSDP2
 inside each group: `FullyShardedDataParallelPlugin(fsdp_version=2)`; the weights written are the
 full ones).
@@ -103,6 +104,7 @@ def main() -> None:
     steps = 0
     in_allreduce = bool(os.environ.get("FT_KILL_IN_ALLREDUCE"))
     gather_from = int(os.environ.get("FT_GATHER_FROM", "0"))
+    refused_once = incarnation > 0  # the first incarnation checks the refusal once
     for ids, x, y in loader:  # bounded: the loader ends when the epoch's cursor is at its end
         if not in_allreduce and group == kill_group and incarnation == 0 and steps == kill_at:
             ledger.close()
@@ -110,7 +112,8 @@ def main() -> None:
                 f.write(str(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         gathered = None
-        gather = bool(os.environ.get("FT_GATHER")) and steps >= gather_from
+        done = session.manager.current_step() if session is not None else steps  # the job's
+        gather = bool(os.environ.get("FT_GATHER")) and done >= gather_from
         if gather:  # the step's global batch: every participating rank's ids, x and objects
             try:
                 ids_all, x_all = accelerator.gather_for_metrics((ids, x))
@@ -124,7 +127,8 @@ def main() -> None:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-        if gather and steps == gather_from and incarnation == 0:  # the step closed: refused
+        if gather and not refused_once:  # the step closed: refused
+            refused_once = True
             try:
                 accelerator.gather_for_metrics(y)
             except RuntimeError as error:

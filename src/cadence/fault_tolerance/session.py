@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -26,6 +25,7 @@ from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
 from .shards import local_shards, rebuild_shards, shard_mesh
 from .step_share import contributors, membership_reports, one_cut, share_row
+from .watchdog import QuorumWatchdog
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
@@ -154,7 +154,7 @@ class FaultTolerantSession:
         self._committed_ranks = group_world_size  # ranks that trained the last committed step  # steps drawn on the previous quorum (theirs formed alongside)
         self.committed_steps = 0
         # One thread for the session's life, not one per step: it says why a quorum is late.
-        self._watchdog = _QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
+        self._watchdog = QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
 
     # -- what a healing group receives ----------------------------------------------------------
     def _capture_moving_state(self) -> dict[str, Any]:
@@ -231,7 +231,9 @@ class FaultTolerantSession:
             return self._view
         step = self.manager.current_step()
         basis = None if self._gathers or not self._can_overlap else self._basis
-        self._moving = self._capture_moving_state()
+        # Only a quorum formed beside the forward pass can send a heal while the step draws; a
+        # waited-for one sends before this returns, from the state as it stands.
+        self._moving = self._capture_moving_state() if basis is not None else None
         if self._can_overlap:
             self.manager._use_async_quorum = basis is not None
         self._watchdog.arm(step)
@@ -552,52 +554,6 @@ class FaultTolerantSession:
     def shutdown(self) -> None:
         """Leave the quorum: stop this group's torchft servers."""
         self.manager.shutdown(wait=False)
-
-
-class _QuorumWatchdog:
-    """Calls `say(step)` when a quorum armed for `step` is still not formed after `delay` s."""
-
-    def __init__(self, delay: float, say: Callable[[int], None]) -> None:
-        self.delay = delay
-        self.say = say
-        self._armed: tuple[int, int] | None = None  # (arming serial, step): a re-armed step is new
-        self._serial = 0
-        self._changed = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def arm(self, step: int) -> None:
-        """Start waiting for the quorum of `step`."""
-        with self._changed:
-            self._serial += 1
-            self._armed = (self._serial, step)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._watch, name="cadence_quorum_watchdog", daemon=True
-                )
-                self._thread.start()
-            self._changed.notify()
-
-    def disarm(self) -> None:
-        """The quorum formed (or failed)."""
-        with self._changed:
-            self._armed = None
-            self._changed.notify()
-
-    def _watch(self) -> None:
-        while True:  # a daemon thread: ends with the process
-            with self._changed:
-                while self._armed is None:
-                    self._changed.wait()
-                armed = self._armed
-                deadline = time.monotonic() + self.delay
-                while self._armed == armed and time.monotonic() < deadline:
-                    self._changed.wait(max(0.0, deadline - time.monotonic()))
-                late = self._armed == armed
-            if late:
-                self.say(armed[1])
-                with self._changed:
-                    while self._armed == armed:  # once per late quorum
-                        self._changed.wait()
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
