@@ -443,6 +443,7 @@ def test_fault_tolerance_without_torchft_is_a_clear_error(
         (["--fault_tolerance", "--lighthouse", "127.0.0.1:1"], "--lighthouse needs --replica_group"),
         (["--fault_tolerance", "--replica_groups", "2", "--min_replicas", "3"], "no step could ever commit"),
         (["--fault_tolerance", "--replica_groups", "2", "--heartbeat_timeout", "0"], "heartbeat_timeout must be more than 0"),
+        (["--fault_tolerance", "--replica_groups", "2", "--quorum_every", "0"], "quorum_every must be a whole number of steps, 1 or more, got 0"),
         (["--fault_tolerance", "--replica_groups", "2", "--use_fsdp"], "--use_fsdp with --fault_tolerance"),
         (["--fault_tolerance", "--replica_groups", "2", "--use_deepspeed"], "--use_deepspeed with --fault_tolerance"),
     ],
@@ -469,6 +470,8 @@ def test_fault_tolerance_config_in_code_is_checked() -> None:
         FaultToleranceConfig()
     with pytest.raises(ValueError, match="replica_group must be in 0..1"):
         FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_group=2, replica_groups=2)
+    with pytest.raises(ValueError, match="quorum_every must be a whole number of steps"):
+        FaultToleranceConfig(lighthouse="http://127.0.0.1:1", quorum_every=1.5)
     config = FaultToleranceConfig(lighthouse="http://127.0.0.1:1", replica_groups=2)
     assert FaultToleranceConfig.from_record(config.to_record()) == config
 

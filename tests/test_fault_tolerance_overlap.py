@@ -1,10 +1,11 @@
-"""The overlapped quorum of fault tolerance (issue 36): a step after a committed step with every
-group in it is cut on that step's quorum while its own forms beside the forward pass; the step's
-all-reduce carries each group's cut, and any difference discards the step on every group.
+"""The healthy steps of fault tolerance (issue 36): a step after a committed step with every group
+in it is cut on that step's quorum, which it reuses without asking the Lighthouse, or, every
+`quorum_every` steps, while its own forms beside the forward pass; the step's all-reduce carries
+each group's cut and step, and any difference discards the step on every group.
 
 The rule that decides it is walked over every way up to three groups can cut a step, against the
-samples each group trains; a real three-group run checks healthy steps are overlapped, and that
-gather_for_metrics on an overlapped step returns the step's global batch."""
+samples each group trains; a real three-group run checks which healthy steps reuse and which
+overlap, and that gather_for_metrics on either returns the step's global batch."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from test_fault_tolerance import _launch, _rank_ledgers, _script
 
 from cadence.fault_tolerance.step_share import (
+    BLOCKS,
     contributors,
     membership_reports,
     one_cut,
@@ -26,16 +28,26 @@ from cadence.fault_tolerance.step_share import (
 BATCH = 2  # samples per participant in the walk below
 
 
-def _exact(cuts: dict[int, tuple[int, int, int]]) -> bool:
-    """From first principles: the contributors' samples are the step's `k x BATCH` samples, each
-    once (rank r of a cut trains samples r*BATCH .. r*BATCH+BATCH-1), every group cut for `k`
-    participants (the epoch's tail is shared out by that count) and averages over `k`."""
+STEPS = (65535, 65536)  # a step and the next (a group that discarded one the others committed)
+
+
+def _exact(cuts: dict[int, tuple[int, int, int, int]]) -> bool:
+    """From first principles: the contributors' samples are one step's `k x BATCH` samples, each
+    once (rank r of a cut at step s trains that step's samples r*BATCH .. r*BATCH+BATCH-1), every
+    group cut for `k` participants (the epoch's tail is shared out by that count) and averages
+    over `k`."""
     k = len(cuts)
     if not k:
         return False
-    trained = [s for _, rank, _ in cuts.values() for s in range(rank * BATCH, rank * BATCH + BATCH)]
-    same_samples = sorted(trained) == list(range(k * BATCH))
-    return same_samples and all(cut == k and counted == k for cut, _, counted in cuts.values())
+    trained = sorted(
+        (step, sample)
+        for _, rank, _, step in cuts.values()
+        for sample in range(rank * BATCH, rank * BATCH + BATCH)
+    )
+    one_step = [(trained[0][0], sample) for sample in range(k * BATCH)]
+    return trained == one_step and all(
+        cut == k and counted == k for cut, _, counted, _ in cuts.values()
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 2, 3])
@@ -43,37 +55,47 @@ def test_one_cut_agrees_with_the_samples_trained_for_every_way_groups_cut_a_step
     groups: int,
 ) -> None:
     """Every subset of contributing groups, each with every (participants cut for, rank, count
-    torchft averages over) in 1..G x 0..G-1 x 1..G: one_cut is True exactly when the step trains
-    its samples once and every group averages over the contributors."""
+    torchft averages over) in 1..G x 0..G-1 x 1..G at one step, and each cut that trains one
+    step's samples again with its groups at every choice of two consecutive steps: one_cut is True
+    exactly when the contributors train one step's samples once and every group averages over
+    them."""
     values = list(itertools.product(range(1, groups + 1), range(groups), range(1, groups + 1)))
     walked = agreed = 0
     for size in range(groups + 1):
         for members in itertools.combinations(range(groups), size):
             for choice in itertools.product(values, repeat=size):
-                cuts = dict(zip(members, choice))
-                summed = torch.zeros(4 * groups)
-                for g, cut in cuts.items():
-                    summed += share_row(groups, g, *cut)
-                assert contributors(summed, groups) == list(members)
-                assert one_cut(summed, groups) == _exact(cuts), cuts
-                walked += 1
-                agreed += _exact(cuts)
+                at_one_step = dict(zip(members, (cut + (STEPS[0],) for cut in choice)))
+                walks = [at_one_step]
+                if _exact(at_one_step):  # the same cut, its groups at every mix of two steps
+                    walks = [
+                        {g: cut[:3] + (step,) for (g, cut), step in zip(at_one_step.items(), steps)}
+                        for steps in itertools.product(STEPS, repeat=size)
+                    ]
+                for cuts in walks:
+                    summed = torch.zeros(BLOCKS * groups)
+                    for g, cut in cuts.items():
+                        summed += share_row(groups, g, *cut)
+                    assert contributors(summed, groups) == list(members)
+                    assert one_cut(summed, groups) == _exact(cuts), cuts
+                    walked += 1
+                    agreed += _exact(cuts)
     assert agreed >= 1 and walked > agreed  # both answers occur in the walk
 
 
-def test_three_groups_overlap_healthy_steps_and_gather_on_an_overlapped_step(
-    tmp_path: Path,
-) -> None:
-    """3 replica groups x 1 process, healthy: no step discarded, every sample once, the same
-    weights; steps after the first are overlapped until gather_for_metrics starts (step 3, itself
-    overlapped: checked, then gathered), after which every step waits for its quorum. Each gather
-    (tensors and objects) is the step's global batch in the groups' order, the same on all three;
-    the tail (one sample a group) too. `--max_restarts 0` with one process a group still runs each
-    group under torch elastic's agent (its Manager needs the group's store; it used to hang)."""
+def test_three_groups_reuse_or_overlap_quorums_and_gather_on_both(tmp_path: Path) -> None:
+    """3 replica groups x 1 process, healthy, `--quorum_every 3`: no step discarded, every sample
+    once, the same weights. Step 0 waits for its quorum; a step whose index is not a multiple of 3
+    reuses the last quorum; steps 3 and 6 ask for a new one, formed beside the step (3, before any
+    gather) or waited for (6: gather_for_metrics started at step 3, which checked the quorum
+    before gathering). Each gather (tensors and objects), on reused and quorum-forming steps alike,
+    is the step's global batch in the groups' order, the same on all three; the tail (one sample a
+    group) too. `--max_restarts 0` with one process a group still runs each group under torch
+    elastic's agent (its Manager needs the group's store; it used to hang)."""
     pytest.importorskip("torchft")
-    samples, first_gather = 45, 3  # 6 a step: 7 whole steps, then the tail of 3
+    samples, first_gather, every = 45, 3, 3  # 6 a step: 7 whole steps, then the tail of 3
     result = _launch(
         tmp_path, "--fault_tolerance", "--replica_groups", "3", "--max_restarts", "0",
+        "--quorum_every", str(every),
         FT_SAMPLES=str(samples), FT_BATCH=str(BATCH), FT_GATHER="1",
         FT_GATHER_FROM=str(first_gather),
     )  # fmt: skip
@@ -85,12 +107,15 @@ def test_three_groups_overlap_healthy_steps_and_gather_on_an_overlapped_step(
     assert sorted(i for group in rows for r in group for i in r["ids"]) == list(range(samples))
     weights = [json.loads((tmp_path / f"weights.{g}.0.json").read_text()) for g in range(3)]
     assert weights[0]["weights"] == weights[1]["weights"] == weights[2]["weights"]
-    for group in rows:
-        overlapped = [r["overlapped"] for r in group]
-        # Step 0 waits (no quorum before it); 1 .. first_gather are drawn on the previous one;
-        # from the first gather on, every step waits for its quorum.
-        assert overlapped[: first_gather + 1] == list(range(first_gather + 1)), overlapped
-        assert set(overlapped[first_gather:]) == {first_gather}, overlapped
+    reused = overlapped = 0
+    for step in range(len(rows[0])):  # every step committed with all three: the rule alone
+        if step % every:
+            reused += 1
+        elif 0 < step <= first_gather:  # asked for beside the step: no gather before it
+            overlapped += 1
+        for group in rows:
+            assert (group[step]["reused"], group[step]["overlapped"]) == (reused, overlapped), step
+    assert reused and overlapped and len(rows[0]) - reused - overlapped >= 2  # all three kinds
     data = _script().Indexed(samples)
     for step in range(first_gather, len(rows[0])):
         records = [group[step] for group in rows]

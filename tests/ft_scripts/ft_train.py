@@ -82,12 +82,12 @@ def main() -> None:
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     if os.environ.get("FT_RESUME"):
         accelerator.load_state(os.environ["FT_RESUME"])
-    session = accelerator._fault_tolerance  # the test hook below reaches torchft's Manager
+    session = accelerator._fault_tolerance  # the test hook below reaches the cross-group reduce
     if session is not None and os.environ.get("FT_KILL_IN_ALLREDUCE"):
-        allreduce = session.manager.allreduce
+        start = session.reducer.start
 
-        def allreduce_then_die(tensor, *args, **kwargs):
-            work = allreduce(tensor, *args, **kwargs)  # the collective is under way
+        def start_then_die(tensor, *args, **kwargs):
+            finish = start(tensor, *args, **kwargs)  # the collective is under way
             if group == kill_group and incarnation == 0 and steps == kill_at:
                 # Whether this step commits is the survivors' to say: the test reads their ledger.
                 killed = {"killed_in_allreduce": True, "ids": loader.last_indices}
@@ -96,9 +96,9 @@ def main() -> None:
                 with open(os.path.join(out, "killed_at"), "w") as f:
                     f.write(str(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
-            return work
+            return finish
 
-        session.manager.allreduce = allreduce_then_die
+        session.reducer.start = start_then_die
     saved = False
     ledger = open(os.path.join(out, f"ledger.{group}.{accelerator.process_index}.jsonl"), "a")
     steps = 0
@@ -150,6 +150,7 @@ def main() -> None:
             record["gathered"] = gathered
         if session is not None:  # steps drawn on the previous quorum, so far
             record["overlapped"] = session.overlapped_steps
+            record["reused"] = session.reused_steps
         ledger.write(json.dumps(record) + "\n")
         ledger.flush()
         full = groups * accelerator.num_processes  # participating ranks with every group in

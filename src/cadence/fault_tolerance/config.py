@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core.settings import resolve
 from ..options.dataclasses import KwargsHandler
-from .defaults import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_QUORUM_TIMEOUT
+from .defaults import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_QUORUM_EVERY, DEFAULT_QUORUM_TIMEOUT
 
 # The timeouts' defaults (defaults.py) bring the survivors back to committing within about 2 s of
 # a group's death: the Lighthouse drops a group whose heartbeats stopped for `heartbeat_timeout`
@@ -49,6 +49,10 @@ class FaultToleranceConfig(KwargsHandler):
         quorum_timeout: seconds a step waits for a quorum before the process fails (and its agent
             restarts it).
         timeout: seconds a cross-group collective or a heal transfer may take.
+        quorum_every: while every group of the job trains, steps reuse the last quorum and a new
+            one is asked for every `quorum_every` steps (1: every step, as torchft's own loop
+            does). A failure is noticed without a quorum: the step's gradient all-reduce fails,
+            the step is discarded, and the next one waits for a new quorum.
         host: the address this group's torchft listeners bind to and advertise.
     """
 
@@ -59,6 +63,7 @@ class FaultToleranceConfig(KwargsHandler):
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     quorum_timeout: float = DEFAULT_QUORUM_TIMEOUT
     timeout: float = DEFAULT_TIMEOUT
+    quorum_every: int = DEFAULT_QUORUM_EVERY
     host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
@@ -102,6 +107,11 @@ def check_fields(config: FaultToleranceConfig) -> list[str]:
                 f"min_replicas {config.min_replicas} is more than the {config.replica_groups} "
                 "replica groups: no step could ever commit"
             )
+    every = config.quorum_every
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        problems.append(
+            f"quorum_every must be a whole number of steps, 1 or more, got {config.quorum_every}"
+        )
     if config.replica_group < 0:
         problems.append(f"replica_group must be 0 or more, got {config.replica_group}")
     for name in ("heartbeat_timeout", "quorum_timeout", "timeout"):

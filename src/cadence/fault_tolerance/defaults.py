@@ -5,3 +5,6 @@ from __future__ import annotations
 
 DEFAULT_HEARTBEAT_TIMEOUT = 1.0
 DEFAULT_QUORUM_TIMEOUT = 60.0
+# While every group trains, a step reuses the last quorum and every this many steps asks the
+# Lighthouse again (session.py says why a failure needs no quorum to be noticed).
+DEFAULT_QUORUM_EVERY = 16

@@ -1,5 +1,5 @@
-"""The cross-group gradient average: the gradients flattened into buckets, each averaged through
-torchft's `Manager.allreduce` (which leaves a failed collective to the commit vote).
+"""The cross-group gradient average: the gradients flattened into buckets, each averaged across
+the quorum (cross_group.py; a failed collective is left to the commit vote).
 
 Under FSDP2 a gradient is a DTensor sharded over the group's ranks; its local shard is what is
 averaged: the Manager's process group of rank r joins rank r of every group (torchft keys its
@@ -9,9 +9,10 @@ process count), so the shards average as the full gradients would."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
+
+from .cross_group import CrossGroupReduce
 
 # As DDP's default bucket: large enough to amortise a collective, small enough to overlap copies.
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -54,7 +55,7 @@ def gradient_buckets(
 
 
 def average_across_groups(
-    manager: Any,
+    reduce: CrossGroupReduce,
     parameters: Iterable[torch.nn.Parameter],
     membership: torch.Tensor,
     device: torch.device | None = None,
@@ -86,9 +87,9 @@ def average_across_groups(
         flats.append(flat)
     if not carried:
         flats.append(membership.to(device) if device is not None else membership.clone())
-    works = [manager.allreduce(flat) for flat in flats]
-    for work in works:
-        work.wait()
+    finishes = [reduce.start(flat) for flat in flats]
+    for finish in finishes:
+        finish()
     averaged_membership = None
     for bucket, flat in zip(buckets, flats):
         if flat is bucket[0]:

@@ -21,10 +21,11 @@ import torch
 from ..core.settings import env_text
 from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
+from .cross_group import CrossGroupReduce
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
 from .shards import local_shards, rebuild_shards, shard_mesh
-from .step_share import contributors, membership_reports, one_cut, share_row
+from .step_share import BLOCKS, contributors, membership_reports, one_cut, share_row
 from .watchdog import QuorumWatchdog
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
@@ -127,6 +128,7 @@ class FaultTolerantSession:
                 checkpoint_transport=transport,
             )
         self.manager.register_state_dict_fn("cadence", self._load_state, self._state)
+        self.reducer = CrossGroupReduce(self.manager, pg)
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[Any] = []
         self.schedulers: list[Any] = []
@@ -139,7 +141,11 @@ class FaultTolerantSession:
         # the next step waits for its quorum. (With a group missing, steps wait: a group that
         # joins then draws on the same quorum as the others, and heals without a discard.)
         self._basis: tuple[int, int] | None = None
-        self._drawn_on: tuple[int, int] | None = None  # the open step's basis (None: waited)
+        # The open step's basis when its own quorum forms beside it (None: its quorum is known:
+        # waited for, or the last one reused).
+        self._drawn_on: tuple[int, int] | None = None
+        self._reused = False  # the open step reuses the last quorum (no Lighthouse round trip)
+        self._sit_out = False  # the open step's gradients predate a heal: it sends zeros
         self._gathers = False  # gather_for_metrics seen: every step waits for its quorum
         self._moving: dict[str, Any] | None = None  # state the main thread changes mid-step
         # torchft reads the quorum mode from this attribute at each quorum; without it (another
@@ -150,8 +156,9 @@ class FaultTolerantSession:
         )
         self._members: frozenset[int] | None = None
         self.discarded_steps = 0
-        self.overlapped_steps = 0
-        self._committed_ranks = group_world_size  # ranks that trained the last committed step  # steps drawn on the previous quorum (theirs formed alongside)
+        self.overlapped_steps = 0  # steps drawn on the previous quorum while theirs formed
+        self.reused_steps = 0  # steps that reused the previous quorum without asking for one
+        self._committed_ranks = group_world_size  # ranks that trained the last committed step
         self.committed_steps = 0
         # One thread for the session's life, not one per step: it says why a quorum is late.
         self._watchdog = QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
@@ -219,17 +226,37 @@ class FaultTolerantSession:
         """Open the step: start its quorum and say which slice of the data this rank takes;
         idempotent.
 
-        A step after a committed one with every group of the job in it is drawn on that step's
-        quorum, and its own quorum is formed while the forward and backward passes run; the
-        commit then checks, in the gradient all-reduce itself, that every contributor cut the
-        batch from one quorum (step_share.py; otherwise every group discards the step and its
-        samples are drawn again). The first step, a step after a discarded one or one with a
-        group missing, and every step once `gather_for_metrics` is used wait for their quorum (and
-        a heal from a peer) before drawing.
+        A step after a committed one with every group of the job in it reuses that step's quorum
+        without asking the Lighthouse, except every `quorum_every` steps, when its own quorum is
+        formed while the forward and backward passes run. Either way the commit checks, in the
+        gradient all-reduce itself, that every contributor cut the batch from one quorum at one
+        step (step_share.py; otherwise every group discards the step and its samples are drawn
+        again). A failure needs no quorum to be seen: the all-reduce with a lost group fails, the
+        step is discarded, and the next one waits for a new quorum. The first step, a step after a
+        discarded one or one with a group missing wait for their quorum (and a heal from a peer)
+        before drawing, as does every quorum-forming step once `gather_for_metrics` is used.
         """
         if self._view is not None:
             return self._view
         step = self.manager.current_step()
+        self._sit_out = False
+        self._reused = self._basis is not None and step % self.config.quorum_every != 0
+        if self._basis is not None and self._reused:
+            # The quorum is the last step's: nothing to wait for, nobody to heal.
+            self._drawn_on = None
+            self.reused_steps += 1
+            replica_rank, participants = self._basis
+        else:
+            replica_rank, participants = self._quorum_for(step, by_loader)
+        self._view = StepView(
+            participants=participants * self.group_world_size,
+            index=replica_rank * self.group_world_size + self.group_rank,
+        )
+        return self._view
+
+    def _quorum_for(self, step: int, by_loader: bool) -> tuple[int, int]:
+        """Start the step's quorum (waiting for it unless it may form beside the step) and
+        return what the batch is cut with: (participating replica rank, replica participants)."""
         basis = None if self._gathers or not self._can_overlap else self._basis
         # Only a quorum formed beside the forward pass can send a heal while the step draws; a
         # waited-for one sends before this returns, from the state as it stands.
@@ -251,21 +278,13 @@ class FaultTolerantSession:
         self.overlapped_steps += basis is not None
         healed = self._healed_from is not None
         self._say_healed()
-        if healed and not by_loader:
-            # The gradients of this step were computed before the heal replaced the weights.
-            self.manager.report_error(
-                RuntimeError("healed after the gradients were computed; step discarded")
-            )
+        # The gradients of this step were computed before the heal replaced the weights: the group
+        # sends zeros (its peers see it missing and discard the step too, rather than wait for a
+        # collective it skipped) and discards the step.
+        self._sit_out = healed and not by_loader
         if basis is not None:
-            replica_rank, participants = basis
-        else:
-            replica_rank = self.manager.participating_rank() or 0
-            participants = self.manager.num_participants()
-        self._view = StepView(
-            participants=participants * self.group_world_size,
-            index=replica_rank * self.group_world_size + self.group_rank,
-        )
-        return self._view
+            return basis
+        return self.manager.participating_rank() or 0, self.manager.num_participants()
 
     def _no_quorum(self, step: int, error: BaseException) -> RuntimeError:
         return RuntimeError(
@@ -299,7 +318,7 @@ class FaultTolerantSession:
         """This group's row of the open step (step_share.py); zeros without the job's group count."""
         groups = self.config.replica_groups
         if not groups:
-            return torch.zeros(4, dtype=torch.float32)
+            return torch.zeros(BLOCKS, dtype=torch.float32)
         view = self._view
         assert view is not None, "a step is open"
         return share_row(
@@ -308,6 +327,7 @@ class FaultTolerantSession:
             cut_with=view.participants // self.group_world_size,
             rank=view.index // self.group_world_size,
             counted=self.manager.num_participants(),
+            step=self.manager.current_step(),
         )
 
     def _one_cut(self, summed: torch.Tensor) -> bool:
@@ -366,14 +386,25 @@ class FaultTolerantSession:
     def commit(self, parameters: list[torch.nn.Parameter]) -> bool:
         """Average the gradients across the quorum and vote; True when the step commits."""
         self.begin_step(by_loader=False)
-        self._wait_for_quorum()
+        if not self._reused:
+            self._wait_for_quorum()
         groups = self.config.replica_groups or 0
         # The share row rides in the gradient all-reduce: every contributing group learns the
         # step's members and how each cut the batch, without a collective of its own.
-        averaged = average_across_groups(self.manager, parameters, self._share_row(), self.device)
+        row = self._share_row()
+        if self._sit_out:
+            row.zero_()
+            for parameter in parameters:
+                if parameter.grad is not None:
+                    parameter.grad.zero_()
+        averaged = average_across_groups(self.reducer, parameters, row, self.device)
         participating = self.manager.is_participating()
-        summed = averaged * self.manager.num_participants()  # torchft averaged over its count
-        if not self._one_cut(summed):
+        summed = averaged * self.manager.num_participants()  # averaged over torchft's count
+        if self._sit_out:
+            self.manager.report_error(
+                RuntimeError("healed after the gradients were computed; step discarded")
+            )
+        elif not self._one_cut(summed):
             self.manager.report_error(
                 RuntimeError("the quorum changed after the step's batch was drawn")
             )
@@ -382,7 +413,7 @@ class FaultTolerantSession:
             # the heal (applied by the vote) restores the step's start; the next step heals
             # again, before drawing.
             self.manager.report_error(RuntimeError("healing; this group sat the step out"))
-        committed = self.manager.should_commit()
+        committed = self._vote()
         participants = self.manager.num_participants()
         self._view = None
         for loader in self.loaders:
@@ -409,6 +440,35 @@ class FaultTolerantSession:
                 )
         self._say_healed()  # a heal applied by the vote (beside an overlapped quorum)
         return committed
+
+    def _vote(self) -> bool:
+        """The group's commit vote: torchft's (`should_commit`), except for a group of one
+        process on a reused quorum with nothing gone wrong, whose vote is its own word.
+
+        torchft's vote gathers the group's ranks through its ManagerServer (a round trip even for
+        one rank) and commits when none failed; then it counts the step. A lone rank with no error
+        on a quorum nobody is healing in decides the same, and counts the step through the
+        Manager's own state (`load_state_dict`). Any failure goes through torchft's vote.
+        """
+        manager = self.manager
+        clean = (
+            self._reused
+            and self.group_world_size == 1
+            and manager.errored() is None
+            and self.reducer.process_group.errored() is None
+            and manager.is_participating()
+            and manager.num_participants() >= self.config.min_replicas
+        )
+        if not clean:
+            return manager.should_commit()
+        counted = manager.state_dict()
+        manager.load_state_dict(
+            {
+                "step": counted["step"] + 1,
+                "batches_committed": counted["batches_committed"] + manager.num_participants(),
+            }
+        )
+        return True
 
     def _note_members(self, members: frozenset[int], step: int) -> None:
         before, self._members = self._members, members
@@ -491,10 +551,8 @@ class FaultTolerantSession:
                 tensor.copy_(moved.cpu())
 
         def sum_across_groups(tensor: torch.Tensor) -> None:
-            from torch.distributed import ReduceOp
-
             moved = tensor.to(device)
-            self.manager.allreduce(moved, reduce_op=ReduceOp.SUM).wait()
+            self.reducer.start(moved, average=False)()
             if self.manager.errored() is not None:
                 raise RuntimeError(
                     f"{where}: a replica group was lost during gather_for_metrics at step "

@@ -1,23 +1,32 @@
 """What each replica group says of a step in the step's own gradient all-reduce, and what the sum
 of those rows tells every group: who contributed, and whether they all cut the batch from one
-quorum (see session.py: a step may be drawn on the previous step's quorum).
+quorum at one step (see session.py: a step may be drawn on the previous step's quorum, or reuse
+it without asking the Lighthouse).
 
-A row has four blocks of `groups` slots; group g writes only its slot of each: 1 (it contributed),
-the participant count its batch was cut with, its participating rank in that cut, and the
-participant count torchft averages and votes with. A group torchft does not count as a participant
-(one healing beside an overlapped quorum) sends zeros: it contributes nothing.
+A row has five blocks of `groups` slots; group g writes only its slot of each: 1 (it contributed),
+the participant count its batch was cut with, its participating rank in that cut, the participant
+count torchft averages and votes with, and its step (the Manager's count of committed steps, modulo
+`STEP_MODULUS`: groups a step or a few apart must differ, and the row survives the average's
+division and multiplication in float32 exactly enough to round back). A group
+torchft does not count as a participant (one healing beside an overlapped quorum) sends zeros: it
+contributes nothing.
 """
 
 from __future__ import annotations
 
 import torch
 
+BLOCKS = 5
+STEP_MODULUS = 1 << 16
 
-def share_row(groups: int, group: int, cut_with: int, rank: int, counted: int) -> torch.Tensor:
-    """Group `group`'s row: its batch cut as `rank` of `cut_with` participants; torchft counts
-    `counted` participants."""
-    row = torch.zeros(4 * groups, dtype=torch.float32)
-    for block, value in enumerate((1, cut_with, rank, counted)):
+
+def share_row(
+    groups: int, group: int, cut_with: int, rank: int, counted: int, step: int = 0
+) -> torch.Tensor:
+    """Group `group`'s row at `step`: its batch cut as `rank` of `cut_with` participants;
+    torchft counts `counted` participants."""
+    row = torch.zeros(BLOCKS * groups, dtype=torch.float32)
+    for block, value in enumerate((1, cut_with, rank, counted, step % STEP_MODULUS)):
         row[block * groups + group] = value
     return row
 
@@ -29,10 +38,12 @@ def contributors(summed: torch.Tensor, groups: int) -> list[int]:
 
 
 def one_cut(summed: torch.Tensor, groups: int) -> bool:
-    """Whether the contributing groups cut the step's batch from one quorum: each cut it for, and
-    torchft counts, as many participants as contributed, and their ranks are 0 .. n-1 once each.
-    Then their slices are the step's `n x batch` samples, each once, and every group averages over
-    the same count; otherwise the step must be discarded by every group.
+    """Whether the contributing groups cut one step's batch from one quorum: all at the same step,
+    each cut it for, and torchft counts, as many participants as contributed, and their ranks are
+    0 .. n-1 once each. Then their slices are the step's `n x batch` samples, each once, and every
+    group averages over the same count; otherwise the step must be discarded by every group (a
+    group that discarded a step the others committed redraws that step's samples: the steps
+    differ).
 
     Example: two groups, both cut as 2 participants, ranks 0 and 1, counted 2: one cut.
 
@@ -48,7 +59,8 @@ def one_cut(summed: torch.Tensor, groups: int) -> bool:
     members = contributors(summed, groups)
     assumed = {counts[block * groups + g] for g in members for block in (1, 3)}
     ranks = sorted(counts[2 * groups + g] for g in members)
-    return assumed == {len(members)} and ranks == list(range(len(members)))
+    steps = {counts[4 * groups + g] for g in members}
+    return assumed == {len(members)} and ranks == list(range(len(members))) and len(steps) == 1
 
 
 def membership_reports(

@@ -23,6 +23,7 @@ from ..core.settings import LAUNCH_CONFIG_ENV, encode_launch_config
 from ..fault_tolerance.config import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_MAX_RESTARTS,
+    DEFAULT_QUORUM_EVERY,
     DEFAULT_QUORUM_TIMEOUT,
     SUPPORTED_INSIDE_A_GROUP,
     FaultToleranceConfig,
@@ -90,6 +91,7 @@ def _take(args: argparse.Namespace) -> dict[str, Any]:
     found.setdefault("min_replicas", 1)
     found.setdefault("heartbeat_timeout", DEFAULT_HEARTBEAT_TIMEOUT)
     found.setdefault("quorum_timeout", DEFAULT_QUORUM_TIMEOUT)
+    found.setdefault("quorum_every", DEFAULT_QUORUM_EVERY)
     return found
 
 
@@ -151,6 +153,7 @@ def _config_fields(ft: dict[str, Any], lighthouse: str, host: str = "127.0.0.1")
         "min_replicas": ft["min_replicas"],
         "heartbeat_timeout": ft["heartbeat_timeout"],
         "quorum_timeout": ft["quorum_timeout"],
+        "quorum_every": ft["quorum_every"],
         "timeout": 10.0,
         "host": host,
     }
@@ -273,6 +276,7 @@ def _run_groups(args: argparse.Namespace, ft: dict[str, Any], dry_run: bool) -> 
                 "--min_replicas", str(ft["min_replicas"]),
                 "--heartbeat_timeout", str(ft["heartbeat_timeout"]),
                 "--quorum_timeout", str(ft["quorum_timeout"]),
+                "--quorum_every", str(ft["quorum_every"]),
                 "--main_process_port", str(ports[index]),
                 *(["--max_restarts", str(max_restarts)] if "max_restarts" not in vars(args) else []),
                 *flags, *script,

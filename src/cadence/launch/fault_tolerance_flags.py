@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..fault_tolerance.defaults import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_QUORUM_TIMEOUT
+from ..fault_tolerance.defaults import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_QUORUM_EVERY,
+    DEFAULT_QUORUM_TIMEOUT,
+)
 
 FT_FLAGS = (
     "fault_tolerance",
@@ -19,6 +23,7 @@ FT_FLAGS = (
     "min_replicas",
     "heartbeat_timeout",
     "quorum_timeout",
+    "quorum_every",
 )
 
 
@@ -39,6 +44,8 @@ def add_fault_tolerance_flags(parser: argparse.ArgumentParser, add: Any) -> None
         help=f"Seconds without a heartbeat before a group counts as lost (default: {DEFAULT_HEARTBEAT_TIMEOUT:g}).")  # fmt: skip
     add(group, "--quorum_timeout", type=float,
         help=f"Seconds a step waits for a quorum before failing (default: {DEFAULT_QUORUM_TIMEOUT:g}).")  # fmt: skip
+    add(group, "--quorum_every", type=int, metavar="N",
+        help=f"While every group trains, ask for a new quorum every N steps (default: {DEFAULT_QUORUM_EVERY}; 1: every step).")  # fmt: skip
 
 
 def wants_fault_tolerance_flags(args: argparse.Namespace) -> bool:
