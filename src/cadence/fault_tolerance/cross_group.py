@@ -14,11 +14,19 @@ process group's, `FaultToleranceConfig.timeout`) bounds every wait.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 Finish = Callable[[], None]
+
+
+class StepQuorum(NamedTuple):
+    """The open step's quorum as this group sees it, read once per step (each read of torchft's
+    Manager waits on its quorum future under a profiler range)."""
+
+    participants: int  # the replica groups torchft averages and votes over
+    participating: bool  # False while this group heals: it sends zeros
 
 
 class CrossGroupReduce:
@@ -30,25 +38,29 @@ class CrossGroupReduce:
     """
 
     def __init__(self, manager: Any, process_group: Any) -> None:
-        self.manager = manager
-        self.process_group = process_group
-
-    def start(self, tensor: torch.Tensor, average: bool = True) -> Finish:
-        """Start the collective on `tensor`; the returned function waits for it (and divides, for
-        an average). After a failure the tensor holds garbage and the step must be discarded: the
-        Manager knows (its `errored()`), and the commit vote says so."""
         from torch.distributed import AllreduceOptions, ReduceOp
 
+        self.manager = manager
+        self.process_group = process_group
+        self._sum = AllreduceOptions()
+        self._sum.reduceOp = ReduceOp.SUM
+
+    def quorum(self) -> StepQuorum:
+        """The open step's quorum (waits for it if it is still forming)."""
+        return StepQuorum(self.manager.num_participants(), self.manager.is_participating())
+
+    def start(self, tensor: torch.Tensor, quorum: StepQuorum, average: bool = True) -> Finish:
+        """Start the collective on `tensor` over `quorum` (this step's); the returned function
+        waits for it (and divides, for an average). After a failure the tensor holds garbage and
+        the step must be discarded: the Manager knows (its `errored()`), and the vote says so."""
         manager = self.manager
         if manager.errored() is not None:
             return _nothing  # torchft's rule: after the step's first error, no more collectives
-        participants = manager.num_participants()
-        if not manager.is_participating():
+        participants = quorum.participants
+        if not quorum.participating:
             tensor.zero_()  # a healing group adds nothing to the sum
-        options = AllreduceOptions()
-        options.reduceOp = ReduceOp.SUM
         try:
-            work = self.process_group.allreduce([tensor], options)
+            work = self.process_group.allreduce([tensor], self._sum)
         except Exception as error:  # a process group torchft could not configure, a dead peer
             manager.report_error(error)
             return _nothing

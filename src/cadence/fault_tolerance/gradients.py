@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .cross_group import CrossGroupReduce
+from .cross_group import CrossGroupReduce, StepQuorum
 
 # As DDP's default bucket: large enough to amortise a collective, small enough to overlap copies.
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -56,11 +56,12 @@ def gradient_buckets(
 
 def average_across_groups(
     reduce: CrossGroupReduce,
+    quorum: StepQuorum,
     parameters: Iterable[torch.nn.Parameter],
     membership: torch.Tensor,
     device: torch.device | None = None,
 ) -> torch.Tensor:
-    """Average the gradients of `parameters` over the quorum's participants, in place.
+    """Average the gradients of `parameters` over the participants of `quorum`, in place.
 
     A bucket of one large contiguous gradient on the collective's device is reduced where it
     lies; other gradients are flattened together (one copy in, one copy back), as DDP's buckets
@@ -87,7 +88,7 @@ def average_across_groups(
         flats.append(flat)
     if not carried:
         flats.append(membership.to(device) if device is not None else membership.clone())
-    finishes = [reduce.start(flat) for flat in flats]
+    finishes = [reduce.start(flat, quorum) for flat in flats]
     for finish in finishes:
         finish()
     averaged_membership = None

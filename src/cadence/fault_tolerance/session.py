@@ -21,7 +21,7 @@ import torch
 from ..core.settings import env_text
 from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
-from .cross_group import CrossGroupReduce
+from .cross_group import CrossGroupReduce, StepQuorum
 from .gradients import average_across_groups
 from .loader import CursorLoader, StepView
 from .shards import local_shards, rebuild_shards, shard_mesh
@@ -314,7 +314,7 @@ class FaultTolerantSession:
         finally:
             self._watchdog.disarm()
 
-    def _share_row(self) -> torch.Tensor:
+    def _share_row(self, quorum: StepQuorum) -> torch.Tensor:
         """This group's row of the open step (step_share.py); zeros without the job's group count."""
         groups = self.config.replica_groups
         if not groups:
@@ -326,11 +326,11 @@ class FaultTolerantSession:
             self.config.replica_group,
             cut_with=view.participants // self.group_world_size,
             rank=view.index // self.group_world_size,
-            counted=self.manager.num_participants(),
+            counted=quorum.participants,
             step=self.manager.current_step(),
         )
 
-    def _one_cut(self, summed: torch.Tensor) -> bool:
+    def _one_cut(self, summed: torch.Tensor | list[float]) -> bool:
         groups = self.config.replica_groups
         # Without the group count every step waits for its quorum: the cuts agree by construction.
         return one_cut(summed, groups) if groups else True
@@ -391,15 +391,17 @@ class FaultTolerantSession:
         groups = self.config.replica_groups or 0
         # The share row rides in the gradient all-reduce: every contributing group learns the
         # step's members and how each cut the batch, without a collective of its own.
-        row = self._share_row()
+        basis = self._basis if self._reused else None
+        # A reused quorum is the last step's, in which this group participated.
+        quorum = StepQuorum(basis[1], True) if basis is not None else self.reducer.quorum()
+        row = self._share_row(quorum)
         if self._sit_out:
             row.zero_()
             for parameter in parameters:
                 if parameter.grad is not None:
                     parameter.grad.zero_()
-        averaged = average_across_groups(self.reducer, parameters, row, self.device)
-        participating = self.manager.is_participating()
-        summed = averaged * self.manager.num_participants()  # averaged over torchft's count
+        averaged = average_across_groups(self.reducer, quorum, parameters, row, self.device)
+        summed = (averaged * quorum.participants).tolist()  # averaged over torchft's count
         if self._sit_out:
             self.manager.report_error(
                 RuntimeError("healed after the gradients were computed; step discarded")
@@ -408,18 +410,18 @@ class FaultTolerantSession:
             self.manager.report_error(
                 RuntimeError("the quorum changed after the step's batch was drawn")
             )
-        elif not participating:
+        elif not quorum.participating:
             # Healing beside an overlapped quorum: its peers trained the step without it, and
             # the heal (applied by the vote) restores the step's start; the next step heals
             # again, before drawing.
             self.manager.report_error(RuntimeError("healing; this group sat the step out"))
-        committed = self._vote()
-        participants = self.manager.num_participants()
+        committed = self._vote(quorum)
+        participants = quorum.participants
         self._view = None
         for loader in self.loaders:
             loader.end_step(committed)
         step = self.manager.current_step()
-        drawn = (self.manager.participating_rank(), participants)
+        drawn = basis if basis is not None else (self.manager.participating_rank(), participants)
         everyone = bool(groups) and len(contributors(summed, groups)) == groups
         self._basis = drawn if committed and everyone and drawn[0] is not None else None
         self._moving = None
@@ -441,7 +443,7 @@ class FaultTolerantSession:
         self._say_healed()  # a heal applied by the vote (beside an overlapped quorum)
         return committed
 
-    def _vote(self) -> bool:
+    def _vote(self, quorum: StepQuorum) -> bool:
         """The group's commit vote: torchft's (`should_commit`), except for a group of one
         process on a reused quorum with nothing gone wrong, whose vote is its own word.
 
@@ -456,8 +458,8 @@ class FaultTolerantSession:
             and self.group_world_size == 1
             and manager.errored() is None
             and self.reducer.process_group.errored() is None
-            and manager.is_participating()
-            and manager.num_participants() >= self.config.min_replicas
+            and quorum.participating
+            and quorum.participants >= self.config.min_replicas
         )
         if not clean:
             return manager.should_commit()
@@ -465,7 +467,7 @@ class FaultTolerantSession:
         manager.load_state_dict(
             {
                 "step": counted["step"] + 1,
-                "batches_committed": counted["batches_committed"] + manager.num_participants(),
+                "batches_committed": counted["batches_committed"] + quorum.participants,
             }
         )
         return True
@@ -552,7 +554,7 @@ class FaultTolerantSession:
 
         def sum_across_groups(tensor: torch.Tensor) -> None:
             moved = tensor.to(device)
-            self.reducer.start(moved, average=False)()
+            self.reducer.start(moved, self.reducer.quorum(), average=False)()
             if self.manager.errored() is not None:
                 raise RuntimeError(
                     f"{where}: a replica group was lost during gather_for_metrics at step "
@@ -569,7 +571,7 @@ class FaultTolerantSession:
         sitting_out = False
         if self._drawn_on is not None:
             self._wait_for_quorum()
-            check = self._share_row()
+            check = self._share_row(self.reducer.quorum())
             sum_across_groups(check)
             if not self._one_cut(check):
                 self.manager.report_error(

@@ -14,6 +14,8 @@ contributes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 BLOCKS = 5
@@ -25,19 +27,24 @@ def share_row(
 ) -> torch.Tensor:
     """Group `group`'s row at `step`: its batch cut as `rank` of `cut_with` participants;
     torchft counts `counted` participants."""
-    row = torch.zeros(BLOCKS * groups, dtype=torch.float32)
+    values = [0.0] * (BLOCKS * groups)
     for block, value in enumerate((1, cut_with, rank, counted, step % STEP_MODULUS)):
-        row[block * groups + group] = value
-    return row
+        values[block * groups + group] = float(value)
+    return torch.tensor(values, dtype=torch.float32)
 
 
-def contributors(summed: torch.Tensor, groups: int) -> list[int]:
-    """The groups whose rows are in `summed` (the rows' sum)."""
-    counts = summed[:groups].round().to(torch.int64).tolist()
+def _counts(summed: torch.Tensor | Sequence[float]) -> list[int]:
+    values = summed.tolist() if isinstance(summed, torch.Tensor) else summed
+    return [round(value) for value in values]
+
+
+def contributors(summed: torch.Tensor | Sequence[float], groups: int) -> list[int]:
+    """The groups whose rows are in `summed` (the rows' sum, a tensor or its values)."""
+    counts = _counts(summed[:groups])
     return [g for g in range(groups) if counts[g] >= 1]
 
 
-def one_cut(summed: torch.Tensor, groups: int) -> bool:
+def one_cut(summed: torch.Tensor | Sequence[float], groups: int) -> bool:
     """Whether the contributing groups cut one step's batch from one quorum: all at the same step,
     each cut it for, and torchft counts, as many participants as contributed, and their ranks are
     0 .. n-1 once each. Then their slices are the step's `n x batch` samples, each once, and every
@@ -53,10 +60,10 @@ def one_cut(summed: torch.Tensor, groups: int) -> bool:
         >>> one_cut(share_row(2, 0, 2, 0, 2) + share_row(2, 1, 1, 0, 1), 2)
         False
     """
-    counts = summed.round().to(torch.int64).tolist()
+    counts = _counts(summed)
     if any(counts[g] > 1 for g in range(groups)):
         return False  # a group counted twice: never happens with distinct indices; never commit
-    members = contributors(summed, groups)
+    members = contributors(counts, groups)
     assumed = {counts[block * groups + g] for g in members for block in (1, 3)}
     ranks = sorted(counts[2 * groups + g] for g in members)
     steps = {counts[4 * groups + g] for g in members}
