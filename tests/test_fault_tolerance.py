@@ -110,6 +110,50 @@ def test_group_killed_between_steps_survivor_continues_and_heal_matches(
     assert survivor[-1]["lr"] == _ledger(tmp_path, 1)[-1]["lr"]
 
 
+def test_a_script_with_its_own_batches_opens_the_step_at_the_forward_pass_and_heals_before_it(
+    tmp_path: Path,
+) -> None:
+    """A script that iterates its own batches (no prepared DataLoader): the prepared model's first
+    forward pass opens each step, so the job's first step commits (torchft syncs group 1's weights
+    from group 0 at step 0, before the forward pass), and a group killed and restarted heals before
+    its forward pass: its first step commits, with no wait on either side. (The step used to open
+    at the optimizer step, after the gradients: every heal discarded the step, at step 0 forever.)
+    Both end at the job's last step with the same weights."""
+    pytest.importorskip("torchft")
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "2",
+        FT_UNPREPARED="1", FT_SAMPLES="64", FT_BATCH="2", FT_KILL_GROUP="1", FT_KILL_AT="3",
+        FT_SLOW_ALONE="0.5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    survivor = _ledger(tmp_path, 0)
+    returned = [r for r in _ledger(tmp_path, 1) if r["incarnation"] == 1]
+    assert "group 1 healed from group 0 at step" in result.stdout + result.stderr
+    assert survivor[0]["committed"] and _ledger(tmp_path, 1)[0]["committed"]  # step 0 commits
+    assert returned[0]["committed"]  # healed before its forward pass
+    assert sum(not r["committed"] for r in survivor) <= 1  # the step group 1 died in, at most
+    assert max(b["t"] - a["t"] for a, b in zip(survivor, survivor[1:])) < 5
+    assert {r["incarnation"] for r in survivor} == {0}
+    assert sum(r["committed"] for r in survivor) == 32  # the job's 32 steps, each once
+    assert survivor[-1]["step"] == returned[-1]["step"]  # one schedule
+    assert _weights(tmp_path, 0) == _weights(tmp_path, 1)
+
+
+def test_an_optimizer_prepared_without_its_model_is_refused_at_the_first_step(
+    tmp_path: Path,
+) -> None:
+    """Without the prepared model a healing group could not receive its weights: the first
+    optimizer step stops with an error that says to prepare it (no step trained)."""
+    pytest.importorskip("torchft")
+    result = _launch(
+        tmp_path, "--fault_tolerance", "--replica_groups", "2", "--max_restarts", "0",
+        FT_UNPREPARED="model", FT_SAMPLES="8", FT_BATCH="2", timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "fault tolerance needs the model prepared with the optimizer" in result.stderr
+    assert not any(_ledger(tmp_path, g) for g in (0, 1))
+
+
 def _replay(steps: dict[int, list[dict]], data, model, optimizer) -> list[float]:
     """One process replays committed steps (the scheduler's count after the step -> the records of
     its participating ranks): per step the gradient of each rank's batch, averaged over them, then

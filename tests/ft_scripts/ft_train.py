@@ -16,7 +16,9 @@ starts once the job has committed that many steps, 0 by default: the job's count
 group receives with its heal, so every group gathers at the same steps, as collectives must be), FT_MOMENTUM (SGD's
 momentum: optimizer state that a healing group receives), FT_FSDP2 (shard the model with FSDP2
 inside each group: `FullyShardedDataParallelPlugin(fsdp_version=2)`; the weights written are the
-full ones).
+full ones), FT_UNPREPARED (the script's own batches instead of a prepared DataLoader, FT_SAMPLES //
+FT_BATCH steps of the job: each step opens at the optimizer step, so a returning group heals after
+its gradients were computed; FT_UNPREPARED=model: the model is not prepared either).
 """
 
 import json
@@ -79,7 +81,15 @@ def main() -> None:
     accelerator = Accelerator(
         cpu=True, gradient_accumulation_steps=int(os.environ.get("FT_ACCUM", "1")), **fsdp
     )
-    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    unprepared = bool(os.environ.get("FT_UNPREPARED"))
+    if os.environ.get("FT_UNPREPARED") == "model":
+        optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+    elif unprepared:
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    else:
+        model, optimizer, scheduler, loader = accelerator.prepare(
+            model, optimizer, scheduler, loader
+        )
     if os.environ.get("FT_RESUME"):
         accelerator.load_state(os.environ["FT_RESUME"])
     session = accelerator._fault_tolerance  # the test hook below reaches the cross-group reduce
@@ -105,9 +115,25 @@ def main() -> None:
     in_allreduce = bool(os.environ.get("FT_KILL_IN_ALLREDUCE"))
     gather_from = int(os.environ.get("FT_GATHER_FROM", "0"))
     refused_once = incarnation > 0  # the first incarnation checks the refusal once
+    if unprepared:
+        data, size = loader.dataset, loader.batch_size
+        total = len(data) // size
+
+        def own_batches():  # the job's step picks the batch (a healed group jumps with it)
+            for _ in range(4 * total):  # bounded; ends once the job committed `total` steps
+                done = session.manager.current_step() if session is not None else steps
+                if done >= total:
+                    return
+                ids = torch.arange(done * size, (done + 1) * size)
+                yield ids, data.x[ids], data.y[ids]
+
+        loader = own_batches()
     for ids, x, y in loader:  # bounded: the loader ends when the epoch's cursor is at its end
         if not in_allreduce and group == kill_group and incarnation == 0 and steps == kill_at:
             ledger.close()
+            # Every rank of the group has written its last step before any dies: the first death
+            # makes the agent stop the others, which could lose a rank's record of a committed step.
+            accelerator.wait_for_everyone()
             with open(os.path.join(out, "killed_at"), "w") as f:
                 f.write(str(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
@@ -135,7 +161,9 @@ def main() -> None:
                 with open(os.path.join(out, f"gather_refused.{group}"), "w") as f:
                     f.write(str(error))
         steps += 1
-        participants = loader.participants if ft else accelerator.num_processes
+        participants = accelerator.num_processes
+        if ft:
+            participants = session.manager.num_participants() if unprepared else loader.participants
         record = {
             "incarnation": incarnation,
             "committed": not accelerator.optimizer_step_was_skipped,

@@ -134,7 +134,7 @@ class FaultTolerantSession:
         self.schedulers: list[Any] = []
         self.loaders: list[CursorLoader] = []
         self._view: StepView | None = None
-        self._begun_by_loader = False
+        self._closed = False
         self._healed_from: int | None = None
         # The quorum the next step's batch is drawn on, (participating replica rank, replica
         # participants), when the last step committed with every group of the job in it; None:
@@ -222,7 +222,7 @@ class FaultTolerantSession:
         self._healed_from = int(state["group"])
 
     # -- one step -------------------------------------------------------------------------------
-    def begin_step(self, by_loader: bool = True) -> StepView:
+    def begin_step(self, after_gradients: bool = False) -> StepView:
         """Open the step: start its quorum and say which slice of the data this rank takes;
         idempotent.
 
@@ -235,6 +235,11 @@ class FaultTolerantSession:
         step is discarded, and the next one waits for a new quorum. The first step, a step after a
         discarded one or one with a group missing wait for their quorum (and a heal from a peer)
         before drawing, as does every quorum-forming step once `gather_for_metrics` is used.
+
+        A prepared DataLoader opens the step before drawing its batch; without one, the prepared
+        model's first forward pass with gradients does; the optimizer step, last
+        (`after_gradients`: a heal then makes the step's gradients stale, and the group sits the
+        step out).
         """
         if self._view is not None:
             return self._view
@@ -247,14 +252,14 @@ class FaultTolerantSession:
             self.reused_steps += 1
             replica_rank, participants = self._basis
         else:
-            replica_rank, participants = self._quorum_for(step, by_loader)
+            replica_rank, participants = self._quorum_for(step, after_gradients)
         self._view = StepView(
             participants=participants * self.group_world_size,
             index=replica_rank * self.group_world_size + self.group_rank,
         )
         return self._view
 
-    def _quorum_for(self, step: int, by_loader: bool) -> tuple[int, int]:
+    def _quorum_for(self, step: int, after_gradients: bool) -> tuple[int, int]:
         """Start the step's quorum (waiting for it unless it may form beside the step) and
         return what the batch is cut with: (participating replica rank, replica participants)."""
         basis = None if self._gathers or not self._can_overlap else self._basis
@@ -281,7 +286,7 @@ class FaultTolerantSession:
         # The gradients of this step were computed before the heal replaced the weights: the group
         # sends zeros (its peers see it missing and discard the step too, rather than wait for a
         # collective it skipped) and discards the step.
-        self._sit_out = healed and not by_loader
+        self._sit_out = healed and after_gradients
         if basis is not None:
             return basis
         return self.manager.participating_rank() or 0, self.manager.num_participants()
@@ -384,8 +389,19 @@ class FaultTolerantSession:
             )
 
     def commit(self, parameters: list[torch.nn.Parameter]) -> bool:
-        """Average the gradients across the quorum and vote; True when the step commits."""
-        self.begin_step(by_loader=False)
+        """Average the gradients across the quorum and vote; True when the step commits.
+
+        Raises:
+            RuntimeError: no model was prepared (a healing group could not receive its weights).
+        """
+        if not self.models:
+            raise RuntimeError(
+                f"replica group {self.config.replica_group}: fault tolerance needs the model "
+                "prepared with the optimizer (accelerator.prepare(model, optimizer, ...)): a group "
+                "that heals receives the prepared model's weights, and its forward pass opens the "
+                "step before the gradients are computed"
+            )
+        self.begin_step(after_gradients=True)
         if not self._reused:
             self._wait_for_quorum()
         groups = self.config.replica_groups or 0
@@ -482,8 +498,15 @@ class FaultTolerantSession:
 
     # -- the prepared objects, handed over by the preparer ------------------------------------------
     def attach_model(self, model: torch.nn.Module) -> None:
-        """A prepared model: its weights travel to a healing group."""
+        """A prepared model: its weights travel to a healing group, and its first forward pass
+        with gradients opens the step when no prepared DataLoader did (a script that iterates its
+        own batches), so that a heal lands before the gradients are computed."""
         self.models.append(model)
+        model.register_forward_pre_hook(self._open_step_before_forward)
+
+    def _open_step_before_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self._view is None and not self._closed and torch.is_grad_enabled():
+            self.begin_step()
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """The prepared optimizer: it steps only when the quorum commits (its `step_gate`)."""
@@ -613,6 +636,7 @@ class FaultTolerantSession:
 
     def shutdown(self) -> None:
         """Leave the quorum: stop this group's torchft servers."""
+        self._closed = True
         self.manager.shutdown(wait=False)
 
 
