@@ -79,6 +79,7 @@ def _check_run(
 
 
 SAMPLES = 96
+CLIP = 0.1  # the killed run clips the gradient norm to this (below most steps' norms)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     result = _launch(
         out, "--fault_tolerance", "--replica_groups", "2", "--nproc_per_node", "1",
         FT_SAMPLES=str(SAMPLES), FT_KILL_GROUP="1", FT_KILL_AT="4", FT_SLOW_ALONE="1.0",
-        FT_SAVE_DEGRADED="1",
+        FT_SAVE_DEGRADED="1", FT_CLIP=str(CLIP),
     )  # fmt: skip
     _check_run(result, out, SAMPLES)
     return out, result.stdout + result.stderr
@@ -154,10 +155,12 @@ def test_an_optimizer_prepared_without_its_model_is_refused_at_the_first_step(
     assert not any(_ledger(tmp_path, g) for g in (0, 1))
 
 
-def _replay(steps: dict[int, list[dict]], data, model, optimizer) -> list[float]:
+def _replay(
+    steps: dict[int, list[dict]], data, model, optimizer, clip: float | None = None
+) -> list[float]:
     """One process replays committed steps (the scheduler's count after the step -> the records of
-    its participating ranks): per step the gradient of each rank's batch, averaged over them, then
-    `optimizer` steps and a StepLR(1, 0.99) on it once per participating rank (as Accelerate's
+    its participating ranks): per step the gradient of each rank's batch, averaged over them (its
+    norm clipped to `clip`, when given: the average's, as DDP's clip is), then `optimizer` steps and a StepLR(1, 0.99) on it once per participating rank (as Accelerate's
     prepared scheduler advances once per process: the schedule counts batches as one process
     would); returns the final weights, flattened. No committed step may be missing."""
     import torch
@@ -176,6 +179,8 @@ def _replay(steps: dict[int, list[dict]], data, model, optimizer) -> list[float]
             total = [t + p.grad for t, p in zip(total, model.parameters())]
         for parameter, summed in zip(model.parameters(), total):
             parameter.grad = summed / len(records)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
         for _ in records:
             scheduler.step()
@@ -186,8 +191,10 @@ def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
     killed_run: tuple[Path, str],
 ) -> None:
     """Replay, in this process, each committed step of the ledger: the same samples per
-    participant, gradients averaged over the step's participants, SGD and the scheduler stepped
-    once; the run's final weights (after a kill, a degraded stretch and a heal) are the replay's."""
+    participant, gradients averaged over the step's participants and their norm clipped (the
+    run called clip_grad_norm_ before each step: it clips the average across the groups, not a
+    group's own), SGD and the scheduler stepped once; the run's final weights (after a kill, a
+    degraded stretch and a heal) are the replay's."""
     import torch
 
     out, _ = killed_run
@@ -200,7 +207,7 @@ def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    replay = torch.tensor(_replay(steps, data, model, optimizer))
+    replay = torch.tensor(_replay(steps, data, model, optimizer, clip=CLIP))
     final = torch.tensor(_weights(out, 0))
     torch.testing.assert_close(final, replay, rtol=1e-5, atol=1e-6)
 
@@ -350,7 +357,7 @@ def test_checkpoint_saved_while_degraded_resumes_exactly(
 
 def test_group_killed_during_gradient_allreduce_survivor_continues(tmp_path: Path) -> None:
     """Group 1 SIGKILLs itself inside the bucketed all-reduce, its collective under way (a hook
-    in the training script around torchft's Manager.allreduce): the survivor never restarts,
+    in the training script around the session's cross-group all-reduce): the survivor never restarts,
     discards at most that step, commits the next one, and the group restarted heals."""
     pytest.importorskip("torchft")
     samples = 96  # the survivor, sleeping 1 s a step alone, outlasts a slow restart

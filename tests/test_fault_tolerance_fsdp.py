@@ -18,12 +18,14 @@ from test_fault_tolerance import (
 from test_fault_tolerance import _replay as replay_steps
 
 HIDDEN = 8  # FT_MLP: an MLP whose 8-row layers split 4 / 4 over a group's two ranks
+CLIP = 0.5  # the run clips the gradient norm to this: the norm of the average over every rank
 
 
 def _replay(steps: dict[int, list[dict]], samples: int) -> list[float]:
     """One process replays the committed steps of the ledger (first principles: data-parallel
     training, FSDP2's included, averages the per-rank mean gradients): for each step, the gradient
-    of every participating rank's batch, averaged over them, then SGD with momentum, and the
+    of every participating rank's batch, averaged over them, its norm clipped, then SGD with
+    momentum, and the
     scheduler stepped once per participating rank (as Accelerate's prepared scheduler advances
     once per process without split_batches). Returns the final weights."""
     import torch
@@ -35,7 +37,7 @@ def _replay(steps: dict[int, list[dict]], samples: int) -> list[float]:
         torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1),
     )  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    return replay_steps(steps, data, model, optimizer)
+    return replay_steps(steps, data, model, optimizer, clip=CLIP)
 
 
 @needs_fsdp2_on_cpu
@@ -46,13 +48,14 @@ def test_fsdp2_groups_kill_heal_exactly_once_and_full_weights_match_replay(
     (SGD with momentum: sharded optimizer state). Group 1 is SIGKILLed between steps and restarted
     by its agent; its ranks heal from group 0's same ranks (model and momentum shards). Every
     sample is trained exactly once, the survivor never restarts, the four ranks end with the same
-    full weights, and those are one process's replay of the committed steps."""
+    full weights, and those are one process's replay of the committed steps, clip_grad_norm_
+    included (FSDP2's norm over the group's shards, of gradients averaged across the groups)."""
     pytest.importorskip("torchft")
     import torch
 
     samples = 124  # as the DDP test of two-process groups
     ledgers, text = two_groups_of_two_killed_and_healed(
-        tmp_path, samples, FT_FSDP2="1", FT_MLP=str(HIDDEN), FT_MOMENTUM="0.9"
+        tmp_path, samples, FT_FSDP2="1", FT_MLP=str(HIDDEN), FT_MOMENTUM="0.9", FT_CLIP=str(CLIP)
     )
     healed_step = int(text.split("group 1 healed from group 0 at step ")[-1].split()[0])
     assert healed_step > 3  # the last heal is the restarted group's, after the kill

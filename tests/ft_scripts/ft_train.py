@@ -18,7 +18,8 @@ momentum: optimizer state that a healing group receives), FT_FSDP2 (shard the mo
 inside each group: `FullyShardedDataParallelPlugin(fsdp_version=2)`; the weights written are the
 full ones), FT_UNPREPARED (the script's own batches instead of a prepared DataLoader, FT_SAMPLES //
 FT_BATCH steps of the job: each step opens at the optimizer step, so a returning group heals after
-its gradients were computed; FT_UNPREPARED=model: the model is not prepared either).
+its gradients were computed; FT_UNPREPARED=model: the model is not prepared either), FT_CLIP
+(clip_grad_norm_ to that norm before each optimizer step).
 """
 
 import json
@@ -150,6 +151,8 @@ def main() -> None:
         with accelerator.accumulate(model):  # FT_ACCUM micro-batches per optimizer step
             loss = torch.nn.functional.mse_loss(model(x), y)
             accelerator.backward(loss)
+            if os.environ.get("FT_CLIP") and accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), float(os.environ["FT_CLIP"]))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()

@@ -9,7 +9,7 @@ precision says), and decides how the optimizer step reweights the last, shorter 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,11 +25,18 @@ class GradientAccumulation:
     """The accumulation counter and backward of one Accelerator."""
 
     def __init__(
-        self, strategy: Strategy, prepared: PreparedObjects, gradient_state: GradientState
+        self,
+        strategy: Strategy,
+        prepared: PreparedObjects,
+        gradient_state: GradientState,
+        complete_gradients: Callable[[], None] | None = None,
     ) -> None:
         self.strategy = strategy
         self.prepared = prepared
         self.gradient_state = gradient_state
+        # Under fault tolerance, averages the gradients across the replica groups before they are
+        # read (the clips), as DDP's backward has averaged them across processes.
+        self.complete_gradients = complete_gradients
         self.step = 0
         # Micro-batches in the window that ends with this step (0 while the window is still open).
         self.micro_steps_in_window = 0
@@ -125,6 +132,7 @@ class GradientAccumulation:
         """Unscale, then clip the total norm of the gradients the optimizer step will use: when a
         dataloader's last, shorter window closes, the step multiplies them by `window_factor`, so
         the clip and the norm returned are those of the rescaled gradients (docs/differences.md)."""
+        self._complete()
         self.unscale_gradients()
         factor = self.gradient_state.window_factor
         norm = self.strategy.clip_grad_norm_(parameters, max_norm / factor, norm_type)
@@ -132,8 +140,13 @@ class GradientAccumulation:
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale, then clip every value of the gradients the optimizer step will use."""
+        self._complete()
         self.unscale_gradients()
         self.strategy.clip_grad_value_(parameters, clip_value / self.gradient_state.window_factor)
+
+    def _complete(self) -> None:
+        if self.complete_gradients is not None and self.gradient_state.sync_gradients:
+            self.complete_gradients()
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward through a LOMO / AdaLomo optimizer (package `lomo-optim`)."""

@@ -341,7 +341,12 @@ class Accelerator(
             fault_tolerance=self._fault_tolerance,
         )
         self._accumulation = GradientAccumulation(
-            self._strategy, self._prepared, self.gradient_state
+            self._strategy,
+            self._prepared,
+            self.gradient_state,
+            complete_gradients=(
+                self._fault_tolerance.average_gradients if self._fault_tolerance else None
+            ),
         )
         # The Checkpointer (and checkpoint storage with it) is built on first use: see _checkpointer.
         arm_stop_on_notice(_weakly(self, "save_state"), _weakly(self, "_wait_for_async_save"),

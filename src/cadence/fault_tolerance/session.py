@@ -135,6 +135,9 @@ class FaultTolerantSession:
         self.loaders: list[CursorLoader] = []
         self._view: StepView | None = None
         self._closed = False
+        # The open step's averaged share rows and quorum, once its gradients were averaged.
+        self._summed: list[float] | None = None
+        self._quorum: StepQuorum | None = None
         self._healed_from: int | None = None
         # The quorum the next step's batch is drawn on, (participating replica rank, replica
         # participants), when the last step committed with every group of the job in it; None:
@@ -388,12 +391,16 @@ class FaultTolerantSession:
                 f"enough groups are back, or fails after {self.config.quorum_timeout:g} s"
             )
 
-    def commit(self, parameters: list[torch.nn.Parameter]) -> bool:
-        """Average the gradients across the quorum and vote; True when the step commits.
+    def average_gradients(self) -> None:
+        """Average the step's gradients across the quorum now, once a step: at the optimizer step,
+        or earlier when they are read (`clip_grad_norm_` / `clip_grad_value_` clip the average
+        of every participant's gradients, as under DDP, not this group's alone).
 
         Raises:
             RuntimeError: no model was prepared (a healing group could not receive its weights).
         """
+        if self._summed is not None or not self.optimizers:
+            return  # averaged already; or no prepared optimizer: no step to commit
         if not self.models:
             raise RuntimeError(
                 f"replica group {self.config.replica_group}: fault tolerance needs the model "
@@ -404,20 +411,31 @@ class FaultTolerantSession:
         self.begin_step(after_gradients=True)
         if not self._reused:
             self._wait_for_quorum()
-        groups = self.config.replica_groups or 0
         # The share row rides in the gradient all-reduce: every contributing group learns the
         # step's members and how each cut the batch, without a collective of its own.
         basis = self._basis if self._reused else None
         # A reused quorum is the last step's, in which this group participated.
         quorum = StepQuorum(basis[1], True) if basis is not None else self.reducer.quorum()
         row = self._share_row(quorum)
+        parameters = self._parameters()
         if self._sit_out:
             row.zero_()
             for parameter in parameters:
                 if parameter.grad is not None:
                     parameter.grad.zero_()
         averaged = average_across_groups(self.reducer, quorum, parameters, row, self.device)
-        summed = (averaged * quorum.participants).tolist()  # averaged over torchft's count
+        self._quorum = quorum
+        self._summed = (averaged * quorum.participants).tolist()  # averaged over torchft's count
+
+    def commit(self) -> bool:
+        """Average the gradients across the quorum (unless done already this step) and vote;
+        True when the step commits."""
+        self.average_gradients()
+        summed, quorum = self._summed, self._quorum
+        assert summed is not None and quorum is not None
+        self._summed = self._quorum = None
+        groups = self.config.replica_groups or 0
+        basis = self._basis if self._reused else None
         if self._sit_out:
             self.manager.report_error(
                 RuntimeError("healed after the gradients were computed; step discarded")
@@ -517,11 +535,11 @@ class FaultTolerantSession:
             )
         self.optimizers.append(optimizer)
 
-        def gate() -> bool:
-            parameters = [p for group in optimizer.param_groups for p in group["params"]]
-            return self.commit(parameters)
+        optimizer.step_gate = self.commit
 
-        optimizer.step_gate = gate
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        """The prepared optimizer's parameters: the gradients a step averages."""
+        return [p for group in self.optimizers[0].param_groups for p in group["params"]]
 
     def committed_ranks(self) -> int:
         """The ranks, over every participating group, that trained the last committed step: the
