@@ -129,6 +129,33 @@ def test_three_groups_reuse_or_overlap_quorums_and_gather_on_both(tmp_path: Path
     assert "Call gather_for_metrics before optimizer.step()" in refused
 
 
+def test_averages_started_during_backward_train_what_averages_at_the_step_train(
+    tmp_path: Path,
+) -> None:
+    """2 groups x 1 process, the width-512 MLP (its 512 x 512 gradient, 1 MiB, starts its average
+    during the backward pass on steps that reuse the quorum), 2 micro-batches a step, the norm
+    clipped: with `--quorum_every 3` (steps reused, overlapped and waited for) the final weights
+    are bit for bit those of `--quorum_every 1` (every step asks for a quorum, every average at the
+    optimizer step), on both groups; the first run started averages early, the second never."""
+    pytest.importorskip("torchft")
+    runs = {}
+    for every in (3, 1):
+        out = tmp_path / f"every{every}"
+        result = _launch(
+            out, "--fault_tolerance", "--replica_groups", "2", "--quorum_every", str(every),
+            FT_MLP="512", FT_SAMPLES="48", FT_BATCH="2", FT_ACCUM="2", FT_CLIP="0.5",
+        )  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        ledgers = _rank_ledgers(out, 2, 1)
+        rows = [ledgers[(g, 0)] for g in (0, 1)]
+        assert all(r["committed"] for group in rows for r in group)
+        weights = [json.loads((out / f"weights.{g}.0.json").read_text())["weights"] for g in (0, 1)]
+        assert weights[0] == weights[1]
+        runs[every] = (weights[0], [group[-1]["early"] for group in rows])
+    assert runs[3][0] == runs[1][0]  # the same training, bit for bit
+    assert all(early >= 2 for early in runs[3][1]) and runs[1][1] == [0, 0]
+
+
 def test_every_membership_change_is_reported_once_by_a_group_that_saw_it() -> None:
     """Every pair (quorum before, quorum after) of three groups, each group seeing the change or
     having just returned (no quorum of its own before): each lost and each joined group is said

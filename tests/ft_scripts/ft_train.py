@@ -182,6 +182,7 @@ def main() -> None:
         if session is not None:  # steps drawn on the previous quorum, so far
             record["overlapped"] = session.overlapped_steps
             record["reused"] = session.reused_steps
+            record["early"] = session.early_steps
         ledger.write(json.dumps(record) + "\n")
         ledger.flush()
         full = groups * accelerator.num_processes  # participating ranks with every group in

@@ -328,6 +328,7 @@ class Accelerator(
             group_rank=self.state.process_index,  # each replica group is its own elastic job
             group_world_size=self.state.num_processes,
             group_barrier=self.state.wait_for_everyone,
+            syncing=_syncing(self.gradient_state),
         )
         self._preparer = Preparer(
             self._strategy,
@@ -502,3 +503,8 @@ class Accelerator(
         )
 
         return skip_first_batches(dataloader, num_batches=num_batches)
+
+
+def _syncing(gradient_state: GradientState) -> Callable[[], bool]:
+    """Whether the current micro-batch ends its optimizer step's window (read when asked)."""
+    return lambda: gradient_state.sync_gradients

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .cross_group import CrossGroupReduce, StepQuorum
+from .cross_group import CrossGroupReduce, Finish, StepQuorum
 
 # As DDP's default bucket: large enough to amortise a collective, small enough to overlap copies.
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -60,6 +60,7 @@ def average_across_groups(
     parameters: Iterable[torch.nn.Parameter],
     membership: torch.Tensor,
     device: torch.device | None = None,
+    started: dict[int, Finish] | None = None,
 ) -> torch.Tensor:
     """Average the gradients of `parameters` over the participants of `quorum`, in place.
 
@@ -69,8 +70,11 @@ def average_across_groups(
     the quorum's members are learnt without a collective of their own; returns its average. All
     buckets are started before any is waited for. Buckets travel on `device` (the cross-group
     backend's) when given: gradients FSDP2 offloads to the CPU are copied there and back.
+    `started` holds the averages already started during the backward pass (parameter id ->
+    its finish): those gradients are left out of the buckets and waited for first.
     """
-    buckets = gradient_buckets(parameters)
+    started = started or {}
+    buckets = gradient_buckets(p for p in parameters if id(p) not in started)
     flats: list[torch.Tensor] = []
     carried = False
     for bucket in buckets:
@@ -88,7 +92,7 @@ def average_across_groups(
         flats.append(flat)
     if not carried:
         flats.append(membership.to(device) if device is not None else membership.clone())
-    finishes = [reduce.start(flat, quorum) for flat in flats]
+    finishes = [*started.values(), *(reduce.start(flat, quorum) for flat in flats)]
     for finish in finishes:
         finish()
     averaged_membership = None

@@ -21,8 +21,8 @@ import torch
 from ..core.settings import env_text
 from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
-from .cross_group import CrossGroupReduce, StepQuorum
-from .gradients import average_across_groups
+from .cross_group import CrossGroupReduce, Finish, StepQuorum
+from .gradients import ALONE_BYTES, average_across_groups, local_gradient
 from .loader import CursorLoader, StepView
 from .shards import local_shards, rebuild_shards, shard_mesh
 from .step_share import BLOCKS, contributors, membership_reports, one_cut, share_row
@@ -71,6 +71,8 @@ class FaultTolerantSession:
         device: this process's device (the cross-group backend follows it: gloo on CPU, NCCL on CUDA).
         group_rank / group_world_size: this process's rank and the process count of its group.
         group_barrier: waits for every rank of the group (None with one process).
+        syncing: whether the current micro-batch ends the optimizer step's window (default: each
+            does).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class FaultTolerantSession:
         group_rank: int,
         group_world_size: int,
         group_barrier: Callable[[], None] | None,
+        syncing: Callable[[], bool] | None = None,
     ) -> None:
         from torchft.checkpointing.pg_transport import PGTransport
         from torchft.manager import Manager
@@ -135,6 +138,9 @@ class FaultTolerantSession:
         self.loaders: list[CursorLoader] = []
         self._view: StepView | None = None
         self._closed = False
+        self._syncing = syncing or _always
+        # Gradients whose cross-group average started during the backward pass: id -> finish.
+        self._early: dict[int, Finish] = {}
         # The open step's averaged share rows and quorum, once its gradients were averaged.
         self._summed: list[float] | None = None
         self._quorum: StepQuorum | None = None
@@ -161,6 +167,7 @@ class FaultTolerantSession:
         self.discarded_steps = 0
         self.overlapped_steps = 0  # steps drawn on the previous quorum while theirs formed
         self.reused_steps = 0  # steps that reused the previous quorum without asking for one
+        self.early_steps = 0  # steps whose large gradients started averaging during backward
         self._committed_ranks = group_world_size  # ranks that trained the last committed step
         self.committed_steps = 0
         # One thread for the session's life, not one per step: it says why a quorum is late.
@@ -423,7 +430,11 @@ class FaultTolerantSession:
             for parameter in parameters:
                 if parameter.grad is not None:
                     parameter.grad.zero_()
-        averaged = average_across_groups(self.reducer, quorum, parameters, row, self.device)
+        early, self._early = self._early, {}
+        self.early_steps += bool(early)
+        averaged = average_across_groups(
+            self.reducer, quorum, parameters, row, self.device, started=early
+        )
         self._quorum = quorum
         self._summed = (averaged * quorum.participants).tolist()  # averaged over torchft's count
 
@@ -536,6 +547,30 @@ class FaultTolerantSession:
         self.optimizers.append(optimizer)
 
         optimizer.step_gate = self.commit
+        if self.group_world_size == 1:
+            # Alone in its group, a parameter's gradient is final when autograd has accumulated it
+            # (no DDP to average it inside the group first): a large one can start its average then.
+            for parameter in self._parameters():
+                if parameter.requires_grad:
+                    parameter.register_post_accumulate_grad_hook(self._start_early)
+
+    def _start_early(self, parameter: torch.Tensor) -> None:
+        """Start a large gradient's cross-group average while the backward pass goes on (as DDP
+        starts its buckets), on a step that reuses the last quorum: the quorum is known before the
+        backward pass and every group reuses it alike, so every group starts the same collectives
+        in the same (autograd's) order. On other steps, and on micro-batches that do not end the
+        window, the average waits for the optimizer step."""
+        if not self._reused or self._view is None or self._summed is not None:
+            return
+        grad = parameter.grad
+        if grad is None or local_gradient(grad) is not grad or not grad.is_contiguous():
+            return  # a DTensor shard (FSDP2), or a layout the buckets flatten
+        if grad.numel() * grad.element_size() < ALONE_BYTES or grad.device != self.device:
+            return
+        if not self._syncing():
+            return
+        assert self._basis is not None
+        self._early[id(parameter)] = self.reducer.start(grad, StepQuorum(self._basis[1], True))
 
     def _parameters(self) -> list[torch.nn.Parameter]:
         """The prepared optimizer's parameters: the gradients a step averages."""
@@ -662,3 +697,7 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return model
+
+
+def _always() -> bool:
+    return True

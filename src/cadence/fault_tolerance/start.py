@@ -17,8 +17,10 @@ def start_fault_tolerance(
     group_rank: int,
     group_world_size: int,
     group_barrier: Callable[[], None] | None,
+    syncing: Callable[[], bool] | None = None,
 ) -> Any:
     """The group's `FaultTolerantSession` (joined to the Lighthouse), or None when `config` is None.
+    `syncing` says whether the current micro-batch ends the optimizer step's window.
 
     torchft loads here, only when fault tolerance is on.
     """
@@ -32,4 +34,5 @@ def start_fault_tolerance(
         group_rank=group_rank,
         group_world_size=group_world_size,
         group_barrier=group_barrier if group_world_size > 1 else None,
+        syncing=syncing,
     )
