@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -23,19 +22,14 @@ from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
 from .cross_group import CrossGroupReduce, Finish, StepQuorum
 from .gradients import ALONE_BYTES, average_across_groups, local_gradient
+from .heal_state import GroupSizeMismatch, HealState
 from .loader import CursorLoader, StepView
-from .shards import local_shards, rebuild_shards, shard_mesh
 from .step_share import BLOCKS, contributors, membership_reports, one_cut, share_row
 from .watchdog import QuorumWatchdog
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
 _MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
-
-
-class GroupSizeMismatch(RuntimeError):
-    """The replica groups of a job run different numbers of processes (refused: rank r of every
-    group must hold the same shard and take the same slice of a step)."""
 
 
 def say(text: str) -> None:
@@ -130,12 +124,22 @@ class FaultTolerantSession:
                 hostname=config.host,
                 checkpoint_transport=transport,
             )
-        self.manager.register_state_dict_fn("cadence", self._load_state, self._state)
-        self.reducer = CrossGroupReduce(self.manager, pg)
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[Any] = []
         self.schedulers: list[Any] = []
         self.loaders: list[CursorLoader] = []
+        # What a healing group receives: the lists above, read when a heal sends or applies.
+        self._heal = HealState(
+            config.replica_group,
+            group_rank,
+            group_world_size,
+            models=self.models,
+            optimizers=self.optimizers,
+            schedulers=self.schedulers,
+            loaders=self.loaders,
+        )
+        self.manager.register_state_dict_fn("cadence", self._heal.load, self._heal.send)
+        self.reducer = CrossGroupReduce(self.manager, pg)
         self._view: StepView | None = None
         self._closed = False
         self._syncing = syncing or _always
@@ -144,7 +148,6 @@ class FaultTolerantSession:
         # The open step's averaged share rows and quorum, once its gradients were averaged.
         self._summed: list[float] | None = None
         self._quorum: StepQuorum | None = None
-        self._healed_from: int | None = None
         # The quorum the next step's batch is drawn on, (participating replica rank, replica
         # participants), when the last step committed with every group of the job in it; None:
         # the next step waits for its quorum. (With a group missing, steps wait: a group that
@@ -156,7 +159,6 @@ class FaultTolerantSession:
         self._reused = False  # the open step reuses the last quorum (no Lighthouse round trip)
         self._sit_out = False  # the open step's gradients predate a heal: it sends zeros
         self._gathers = False  # gather_for_metrics seen: every step waits for its quorum
-        self._moving: dict[str, Any] | None = None  # state the main thread changes mid-step
         # torchft reads the quorum mode from this attribute at each quorum; without it (another
         # torchft release) every step waits for its quorum, as torchft's synchronous mode does.
         # Without the job's group count, a step cannot tell a full quorum: every step waits.
@@ -172,64 +174,6 @@ class FaultTolerantSession:
         self.committed_steps = 0
         # One thread for the session's life, not one per step: it says why a quorum is late.
         self._watchdog = QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
-
-    # -- what a healing group receives ----------------------------------------------------------
-    def _capture_moving_state(self) -> dict[str, Any]:
-        """The data positions and random states as the step opens: a heal's send reads the state
-        from torchft's quorum thread while this step's forward pass may draw from them."""
-        import numpy  # torch depends on it
-
-        return {
-            "loaders": [loader.state_dict() for loader in self.loaders],
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "numpy": numpy.random.get_state(),
-            },
-        }
-
-    def _state(self) -> dict[str, Any]:
-        # Weights, optimizer and scheduler change only after the commit, which waits for the
-        # quorum (and so for this send) to finish.
-        moving = self._moving if self._moving is not None else self._capture_moving_state()
-        # FSDP2's DTensors travel as this rank's local shards (shards.py says why).
-        return {
-            "group": self.config.replica_group,
-            "group_rank": self.group_rank,
-            "group_world_size": self.group_world_size,
-            "models": [local_shards(_unwrap(model).state_dict()) for model in self.models],
-            "optimizers": [
-                local_shards(optimizer.optimizer.state_dict()) for optimizer in self.optimizers
-            ],
-            "schedulers": [scheduler.scheduler.state_dict() for scheduler in self.schedulers],
-            **moving,
-        }
-
-    def _load_state(self, state: dict[str, Any]) -> None:
-        import numpy
-
-        sender = (state["group_rank"], state["group_world_size"])
-        if sender != (self.group_rank, self.group_world_size):
-            raise GroupSizeMismatch(
-                f"replica group {self.config.replica_group}'s process {self.group_rank} of "
-                f"{self.group_world_size} was sent the state of process {sender[0]} of {sender[1]} "
-                f"of group {state['group']}: every replica group must run the same number of "
-                "processes (--nproc_per_node and --num_machines alike on every group's launcher)"
-            )
-        for model, weights in zip(self.models, state["models"]):
-            mesh = shard_mesh(_unwrap(model).parameters())
-            _unwrap(model).load_state_dict(rebuild_shards(weights, mesh))
-        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"]):
-            parameters = [p for group in optimizer.param_groups for p in group["params"]]
-            optimizer.load_state_dict(rebuild_shards(optimizer_state, shard_mesh(parameters)))
-        for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
-            scheduler.scheduler.load_state_dict(scheduler_state)
-        for loader, position in zip(self.loaders, state["loaders"]):
-            loader.load_state_dict(position)
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        numpy.random.set_state(state["rng"]["numpy"])
-        self._healed_from = int(state["group"])
 
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, after_gradients: bool = False) -> StepView:
@@ -275,7 +219,7 @@ class FaultTolerantSession:
         basis = None if self._gathers or not self._can_overlap else self._basis
         # Only a quorum formed beside the forward pass can send a heal while the step draws; a
         # waited-for one sends before this returns, from the state as it stands.
-        self._moving = self._capture_moving_state() if basis is not None else None
+        self._heal.capture_moving(basis is not None)
         if self._can_overlap:
             self.manager._use_async_quorum = basis is not None
         self._watchdog.arm(step)
@@ -291,7 +235,7 @@ class FaultTolerantSession:
             self._watchdog.disarm()
         self._drawn_on = basis
         self.overlapped_steps += basis is not None
-        healed = self._healed_from is not None
+        healed = self._heal.healed_from is not None
         self._say_healed()
         # The gradients of this step were computed before the heal replaced the weights: the group
         # sends zeros (its peers see it missing and discard the step too, rather than wait for a
@@ -311,12 +255,12 @@ class FaultTolerantSession:
         )
 
     def _say_healed(self) -> None:
-        if self._healed_from is not None and self.group_rank == 0:
+        if self._heal.healed_from is not None and self.group_rank == 0:
             say(
-                f"group {self.config.replica_group} healed from group {self._healed_from} "
+                f"group {self.config.replica_group} healed from group {self._heal.healed_from} "
                 f"at step {self.manager.current_step()}"
             )
-        self._healed_from = None
+        self._heal.healed_from = None
 
     def _wait_for_quorum(self) -> None:
         """Wait for the open step's quorum (formed beside the forward pass when overlapped)."""
@@ -469,7 +413,7 @@ class FaultTolerantSession:
         drawn = basis if basis is not None else (self.manager.participating_rank(), participants)
         everyone = bool(groups) and len(contributors(summed, groups)) == groups
         self._basis = drawn if committed and everyone and drawn[0] is not None else None
-        self._moving = None
+        self._heal.capture_moving(False)
         if committed:
             self.committed_steps += 1
             self._committed_ranks = participants * self.group_world_size
@@ -691,12 +635,6 @@ class FaultTolerantSession:
         """Leave the quorum: stop this group's torchft servers."""
         self._closed = True
         self.manager.shutdown(wait=False)
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    return model
 
 
 def _always() -> bool:
