@@ -156,6 +156,34 @@ def test_averages_started_during_backward_train_what_averages_at_the_step_train(
     assert all(early >= 2 for early in runs[3][1]) and runs[1][1] == [0, 0]
 
 
+def test_two_backward_passes_in_a_step_turn_the_early_start_off_after_one_discard(
+    tmp_path: Path,
+) -> None:
+    """Two backward passes in one step (two half losses) add to the 1 MiB gradient after its
+    average started: that step is discarded on both groups, said once by each, and from then on averages
+    wait for the optimizer step; the training is bit for bit that of `--quorum_every 1` (no early
+    start at all), its samples each once."""
+    pytest.importorskip("torchft")
+    runs = {}
+    for every in (3, 1):
+        out = tmp_path / f"every{every}"
+        result = _launch(
+            out, "--fault_tolerance", "--replica_groups", "2", "--quorum_every", str(every),
+            FT_MLP="512", FT_SAMPLES="32", FT_BATCH="4", FT_TWO_BACKWARDS="1",
+        )  # fmt: skip
+        text = result.stdout + result.stderr
+        assert result.returncode == 0, text[-4000:]
+        rows = [_rank_ledgers(out, 2, 1)[(g, 0)] for g in (0, 1)]
+        committed = sorted(i for group in rows for r in group if r["committed"] for i in r["ids"])
+        assert committed == list(range(32))
+        discarded = [sum(not r["committed"] for r in group) for group in rows]
+        weights = [json.loads((out / f"weights.{g}.0.json").read_text())["weights"] for g in (0, 1)]
+        assert weights[0] == weights[1]
+        runs[every] = (weights[0], discarded, text.count("was accumulated again after its average"))
+    assert runs[3][1:] == ([1, 1], 2) and runs[1][1:] == ([0, 0], 0)
+    assert runs[3][0] == runs[1][0]
+
+
 def test_every_membership_change_is_reported_once_by_a_group_that_saw_it() -> None:
     """Every pair (quorum before, quorum after) of three groups, each group seeing the change or
     having just returned (no quorum of its own before): each lost and each joined group is said

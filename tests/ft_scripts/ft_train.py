@@ -19,7 +19,8 @@ inside each group: `FullyShardedDataParallelPlugin(fsdp_version=2)`; the weights
 full ones), FT_UNPREPARED (the script's own batches instead of a prepared DataLoader, FT_SAMPLES //
 FT_BATCH steps of the job: each step opens at the optimizer step, so a returning group heals after
 its gradients were computed; FT_UNPREPARED=model: the model is not prepared either), FT_CLIP
-(clip_grad_norm_ to that norm before each optimizer step).
+(clip_grad_norm_ to that norm before each optimizer step), FT_TWO_BACKWARDS (each micro-batch
+as two half losses, two backward passes).
 """
 
 import json
@@ -149,8 +150,14 @@ def main() -> None:
             except RuntimeError as error:  # a group lost during the gather: said, not silent
                 gathered = {"error": str(error)}
         with accelerator.accumulate(model):  # FT_ACCUM micro-batches per optimizer step
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            accelerator.backward(loss)
+            if os.environ.get("FT_TWO_BACKWARDS"):  # two half losses, two backward passes
+                half = len(x) // 2
+                for part in (slice(0, half), slice(half, None)):
+                    loss = torch.nn.functional.mse_loss(model(x[part]), y[part])
+                    accelerator.backward(loss / 2)
+            else:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
             if os.environ.get("FT_CLIP") and accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(model.parameters(), float(os.environ["FT_CLIP"]))
             optimizer.step()

@@ -8,10 +8,9 @@ the prepared objects; nothing here reads the Accelerator.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +23,7 @@ from .cross_group import CrossGroupReduce, Finish, StepQuorum
 from .gradients import ALONE_BYTES, average_across_groups, local_gradient
 from .heal_state import GroupSizeMismatch, HealState
 from .loader import CursorLoader, StepView
+from .manager_bind import manager_server_bound_to
 from .step_share import BLOCKS, contributors, membership_reports, one_cut, share_row
 from .watchdog import QuorumWatchdog
 
@@ -35,26 +35,6 @@ _MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
 def say(text: str) -> None:
     """A quorum report: one line on stdout, flushed, with the prefix the launcher's lines carry."""
     print(f"cadence fault tolerance: {text}", flush=True)
-
-
-@contextlib.contextmanager
-def _manager_server_bound_to(host: str) -> Iterator[None]:
-    """torchft 0.2.0's Manager starts its ManagerServer on `[::]` (every interface) and takes no
-    bind argument; Cadence's rule is that listeners bind to the address given, so while the Manager
-    is built its server class is replaced by one that binds `host` (port chosen by the system)."""
-    import torchft.manager as manager_module
-
-    original = manager_module.ManagerServer
-
-    def bound(**kwargs: Any) -> Any:
-        kwargs["bind"] = f"{host}:0" if ":" not in host else f"[{host}]:0"
-        return original(**kwargs)
-
-    manager_module.ManagerServer = bound  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        manager_module.ManagerServer = original
 
 
 class FaultTolerantSession:
@@ -105,7 +85,7 @@ class FaultTolerantSession:
                 for key in _MANAGER_STORE_KEYS:
                     store.delete_key(key)
             group_barrier()
-        with _manager_server_bound_to(config.host):
+        with manager_server_bound_to(config.host):
             self.manager = Manager(
                 pg=pg,
                 load_state_dict=None,
@@ -145,6 +125,7 @@ class FaultTolerantSession:
         self._syncing = syncing or _always
         # Gradients whose cross-group average started during the backward pass: id -> finish.
         self._early: dict[int, Finish] = {}
+        self._early_on = True  # off for good once a gradient was accumulated after its start
         # The open step's averaged share rows and quorum, once its gradients were averaged.
         self._summed: list[float] | None = None
         self._quorum: StepQuorum | None = None
@@ -503,8 +484,25 @@ class FaultTolerantSession:
         starts its buckets), on a step that reuses the last quorum: the quorum is known before the
         backward pass and every group reuses it alike, so every group starts the same collectives
         in the same (autograd's) order. On other steps, and on micro-batches that do not end the
-        window, the average waits for the optimizer step."""
-        if not self._reused or self._view is None or self._summed is not None:
+        window, the average waits for the optimizer step.
+
+        A second backward pass in the same micro-batch (two losses) would add to a gradient its
+        average is reading: that step is discarded (on every group: they run the same script) and
+        averages wait for the optimizer step from then on."""
+        if not self._early_on or not self._reused or self._view is None or self._summed is not None:
+            return
+        if id(parameter) in self._early:
+            self._early_on = False
+            self.manager.report_error(
+                RuntimeError("a gradient was accumulated again after its average started")
+            )
+            if self.group_rank == 0:
+                say(
+                    f"replica group {self.config.replica_group}: a gradient was accumulated again "
+                    "after its average across the groups started (two backward passes in one "
+                    "step): the step is discarded and, from now on, gradients are averaged at the "
+                    "optimizer step"
+                )
             return
         grad = parameter.grad
         if grad is None or local_gradient(grad) is not grad or not grad.is_contiguous():
