@@ -1,8 +1,9 @@
 """One replica group's fault-tolerant training session on torchft's Manager.
 
 The session owns the Manager (this group's membership in the Lighthouse's quorums), the cross-group
-process group, the step's life (begin: quorum and heal; end: gradient average and commit vote), the
-state a healing group receives, and the reports of quorum changes. The façade's preparer hands it
+process group, the step's life (begin: the quorum, reused while every group trains, and the heal;
+end: gradient average and commit vote), and the reports of quorum changes; heal_state.py holds
+what a healing group receives. The façade's preparer hands it
 the prepared objects; nothing here reads the Accelerator.
 """
 
@@ -91,8 +92,8 @@ class FaultTolerantSession:
                 load_state_dict=None,
                 state_dict=None,
                 min_replica_size=config.min_replicas,
-                # Each step chooses (`_quorum_mode`): a step drawn on the previous quorum runs
-                # its quorum beside the forward pass; any other waits for it first.
+                # Each quorum-forming step chooses (`_quorum_for`): one drawn on the previous
+                # quorum forms its own beside the forward pass; any other waits for it first.
                 use_async_quorum=True,
                 timeout=timeout,
                 quorum_timeout=timedelta(seconds=config.quorum_timeout),
@@ -378,7 +379,10 @@ class FaultTolerantSession:
             )
         elif not self._one_cut(summed):
             self.manager.report_error(
-                RuntimeError("the quorum changed after the step's batch was drawn")
+                RuntimeError(
+                    "the groups cut the step's batch differently (the quorum changed after it "
+                    "was drawn, or a group is a step behind)"
+                )
             )
         elif not quorum.participating:
             # Healing beside an overlapped quorum: its peers trained the step without it, and
