@@ -14,9 +14,13 @@ SCRIPT = textwrap.dedent(
     from cadence import Accelerator, InitProcessGroupKwargs
     acc = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=77))])
     backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    timeout = backend.options._timeout.total_seconds()
+    # Plain torchrun finalizes the interpreter: a gloo backend a global still holds would be
+    # destroyed then, its threads meeting a half-torn-down interpreter (a rare SIGABRT; `cadence
+    # launch` ends its workers before finalization). Cadence destroys the group at exit.
+    del backend
     line = " ".join(map(str, ["RESULT", acc.process_index, acc.num_processes, acc.distributed_type, dist.get_backend(),
-          backend.options._timeout.total_seconds(),
-          acc.gather(torch.tensor([acc.process_index * 10])).tolist()]))
+          timeout, acc.gather(torch.tensor([acc.process_index * 10])).tolist()]))
     open(f"{sys.argv[1]}/rank{acc.process_index}.txt", "w").write(line)
     """
 )
