@@ -527,6 +527,52 @@ def test_fault_tolerance_config_in_code_is_checked() -> None:
     assert FaultToleranceConfig.from_record(config.to_record()) == config
 
 
+def test_session_hooks_survive_copies_and_pickling_of_the_users_model() -> None:
+    """The session's hooks on a prepared model and its parameters: a deepcopy of the model (an
+    EMA) shares them instead of copying the session, a pickled model loads with hooks that do
+    nothing, and once the session is gone they do nothing."""
+    import copy
+    import gc
+    import pickle
+
+    import torch
+
+    from cadence.fault_tolerance.hooks import SessionHook
+
+    class Session:  # stands for the session: records what the hooks call, must never be copied
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def opened(self, module, args) -> None:
+            self.calls.append("forward")
+
+        def accumulated(self, parameter) -> None:
+            self.calls.append("grad")
+
+        def __deepcopy__(self, memo):
+            raise AssertionError("the session was copied")
+
+        def __reduce__(self):
+            raise AssertionError("the session was pickled")
+
+    session = Session()
+    model = torch.nn.Linear(3, 1)
+    model.register_forward_pre_hook(SessionHook(session, "opened"))
+    model.weight.register_post_accumulate_grad_hook(SessionHook(session, "accumulated"))
+    model(torch.ones(2, 3)).sum().backward()
+    assert session.calls == ["forward", "grad"]
+    twin = copy.deepcopy(model)  # an EMA's copy: its forward hook calls the same session
+    twin(torch.ones(2, 3))  # (torch does not copy a parameter's hooks; the session checks anyway)
+    assert session.calls == ["forward", "grad", "forward"]
+    loaded = pickle.loads(pickle.dumps(model))
+    loaded(torch.ones(2, 3)).sum().backward()  # inert hooks: nothing called
+    assert session.calls == ["forward", "grad", "forward"]
+    torch.testing.assert_close(loaded.weight, model.weight)
+    del session, twin
+    gc.collect()
+    model(torch.ones(2, 3)).sum().backward()  # the session is gone: nothing to call
+
+
 def _parallelism(kind: str) -> dict:
     import cadence
 

@@ -23,8 +23,10 @@ its gradients were computed; FT_UNPREPARED=model: the model is not prepared eith
 as two half losses, two backward passes).
 """
 
+import copy
 import json
 import os
+import pickle
 import signal
 import time
 
@@ -94,6 +96,10 @@ def main() -> None:
         )
     if os.environ.get("FT_RESUME"):
         accelerator.load_state(os.environ["FT_RESUME"])
+    if accelerator.num_processes == 1 and os.environ.get("FT_UNPREPARED") != "model":
+        # The session's hooks on the prepared model survive what users do with it: an EMA's copy,
+        # pickling (the training below runs on the original).
+        pickle.loads(pickle.dumps(copy.deepcopy(model)))
     session = accelerator._fault_tolerance  # the test hook below reaches the cross-group reduce
     if session is not None and os.environ.get("FT_KILL_IN_ALLREDUCE"):
         start = session.reducer.start

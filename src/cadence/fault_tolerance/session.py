@@ -23,6 +23,7 @@ from .config import FaultToleranceConfig
 from .cross_group import CrossGroupReduce, Finish, StepQuorum
 from .gradients import ALONE_BYTES, average_across_groups, local_gradient
 from .heal_state import GroupSizeMismatch, HealState
+from .hooks import SessionHook
 from .loader import CursorLoader, StepView
 from .manager_bind import manager_server_bound_to
 from .step_share import BLOCKS, contributors, membership_reports, one_cut, share_row
@@ -127,6 +128,7 @@ class FaultTolerantSession:
         # Gradients whose cross-group average started during the backward pass: id -> finish.
         self._early: dict[int, Finish] = {}
         self._early_on = True  # off for good once a gradient was accumulated after its start
+        self._averaged_ids: set[int] = set()  # the optimizer's parameters, by id
         # The open step's averaged share rows and quorum, once its gradients were averaged.
         self._summed: list[float] | None = None
         self._quorum: StepQuorum | None = None
@@ -460,9 +462,10 @@ class FaultTolerantSession:
         with gradients opens the step when no prepared DataLoader did (a script that iterates its
         own batches), so that a heal lands before the gradients are computed."""
         self.models.append(model)
-        model.register_forward_pre_hook(self._open_step_before_forward)
+        model.register_forward_pre_hook(SessionHook(self, "_open_step_before_forward"))
 
     def _open_step_before_forward(self, module: torch.nn.Module, args: Any) -> None:
+        del module, args  # the hook's signature
         if self._view is None and not self._closed and torch.is_grad_enabled():
             self.begin_step()
 
@@ -476,12 +479,13 @@ class FaultTolerantSession:
         self.optimizers.append(optimizer)
 
         optimizer.step_gate = self.commit
+        self._averaged_ids = {id(p) for p in self._parameters()}
         if self.group_world_size == 1:
             # Alone in its group, a parameter's gradient is final when autograd has accumulated it
             # (no DDP to average it inside the group first): a large one can start its average then.
             for parameter in self._parameters():
                 if parameter.requires_grad:
-                    parameter.register_post_accumulate_grad_hook(self._start_early)
+                    parameter.register_post_accumulate_grad_hook(SessionHook(self, "_start_early"))
 
     def _start_early(self, parameter: torch.Tensor) -> None:
         """Start a large gradient's cross-group average while the backward pass goes on (as DDP
@@ -495,6 +499,8 @@ class FaultTolerantSession:
         averages wait for the optimizer step from then on."""
         if not self._early_on or not self._reused or self._view is None or self._summed is not None:
             return
+        if id(parameter) not in self._averaged_ids:
+            return  # not the optimizer's (a copy of the model, an EMA's)
         if id(parameter) in self._early:
             self._early_on = False
             self.manager.report_error(
