@@ -54,6 +54,9 @@ def _rotate_forever(project: Path, log: Path) -> None:
     deadline = time.monotonic() + MAX_SAVER_SECONDS
     with open(log, "a") as out:
         while time.monotonic() < deadline:
+            # As save_state does: prune before writing too, so that saves killed between their
+            # commit and their pruning, trial after trial, never leave more than total_limit + 1.
+            prune_checkpoints(root, total_limit=TOTAL_LIMIT)
             writer = begin_checkpoint(automatic_checkpoint_dir(project, iteration))
             _save_once(writer, iteration)
             writer.commit(metadata={"iteration": iteration})

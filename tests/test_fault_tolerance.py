@@ -368,10 +368,12 @@ def test_group_killed_during_gradient_allreduce_survivor_continues(tmp_path: Pat
     )  # fmt: skip
     killed = [r for r in _lines(tmp_path, 1) if r.get("killed_in_allreduce")]
     assert len(killed) == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    # The victim's samples count when the survivor committed the step they were averaged in.
-    kill_time = float((tmp_path / "killed_at").read_text())
+    # The victim's samples count when the survivor committed the step they were averaged in: the
+    # survivor's step after as many steps as the victim logged before it died (until then the two
+    # trained every step together; by time, the victim may already be a step ahead).
+    before = [r for r in _ledger(tmp_path, 1) if r["incarnation"] == 0]
     survivor = _ledger(tmp_path, 0)
-    concurrent = min((r for r in survivor if r["t"] >= kill_time), key=lambda r: r["t"])
+    concurrent = survivor[len(before)]
     together = concurrent["committed"] and concurrent["participants"] == 2
     _check_run(result, tmp_path, samples, extra=tuple(killed[0]["ids"]) if together else ())
     discarded = [i for i, r in enumerate(survivor) if not r["committed"]]
