@@ -129,59 +129,61 @@ def test_three_groups_reuse_or_overlap_quorums_and_gather_on_both(tmp_path: Path
     assert "Call gather_for_metrics before optimizer.step()" in refused
 
 
-def test_averages_started_during_backward_train_what_averages_at_the_step_train(
-    tmp_path: Path,
-) -> None:
-    """2 groups x 1 process, the width-512 MLP (its 512 x 512 gradient, 1 MiB, starts its average
-    during the backward pass on steps that reuse the quorum), 2 micro-batches a step, the norm
-    clipped: with `--quorum_every 3` (steps reused, overlapped and waited for) the final weights
-    are bit for bit those of `--quorum_every 1` (every step asks for a quorum, every average at the
-    optimizer step), on both groups; the first run started averages early, the second never."""
-    pytest.importorskip("torchft")
+def _early_and_late(tmp_path: Path, **knobs: str) -> dict[int, dict]:
+    """Two healthy runs of 2 groups x 1 process on the width-512 MLP (its 512 x 512 gradient, 1 MiB,
+    may start its average during the backward pass on steps that reuse the quorum): with
+    `--quorum_every 3` (steps reused, overlapped and waited for) and 1 (every step asks for a
+    quorum: every average at the optimizer step). Each: both groups end with the same weights, and
+    every sample is committed once. Returns, per setting, the weights, each group's ledger and the
+    output."""
     runs = {}
     for every in (3, 1):
         out = tmp_path / f"every{every}"
         result = _launch(
             out, "--fault_tolerance", "--replica_groups", "2", "--quorum_every", str(every),
-            FT_MLP="512", FT_SAMPLES="48", FT_BATCH="2", FT_ACCUM="2", FT_CLIP="0.5",
+            FT_MLP="512", **knobs,
         )  # fmt: skip
-        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-        ledgers = _rank_ledgers(out, 2, 1)
-        rows = [ledgers[(g, 0)] for g in (0, 1)]
-        assert all(r["committed"] for group in rows for r in group)
+        text = result.stdout + result.stderr
+        assert result.returncode == 0, text[-4000:]
+        rows = [_rank_ledgers(out, 2, 1)[(g, 0)] for g in (0, 1)]
+        committed = sorted(i for group in rows for r in group if r["committed"] for i in r["ids"])
+        assert committed == list(range(int(knobs["FT_SAMPLES"])))
         weights = [json.loads((out / f"weights.{g}.0.json").read_text())["weights"] for g in (0, 1)]
         assert weights[0] == weights[1]
-        runs[every] = (weights[0], [group[-1]["early"] for group in rows])
-    assert runs[3][0] == runs[1][0]  # the same training, bit for bit
-    assert all(early >= 2 for early in runs[3][1]) and runs[1][1] == [0, 0]
+        runs[every] = {"weights": weights[0], "rows": rows, "text": text}
+    return runs
+
+
+def test_averages_started_during_backward_train_what_averages_at_the_step_train(
+    tmp_path: Path,
+) -> None:
+    """2 micro-batches a step, the norm clipped: with averages started during the backward pass
+    the final weights are bit for bit those of averages at the optimizer step (`_early_and_late`),
+    no step discarded; the first run started averages early, the second never."""
+    pytest.importorskip("torchft")
+    runs = _early_and_late(tmp_path, FT_SAMPLES="48", FT_BATCH="2", FT_ACCUM="2", FT_CLIP="0.5")
+    assert runs[3]["weights"] == runs[1]["weights"]  # the same training, bit for bit
+    for every, early in ((3, lambda n: n >= 2), (1, lambda n: n == 0)):
+        rows = runs[every]["rows"]
+        assert all(r["committed"] for group in rows for r in group)
+        assert all(early(group[-1]["early"]) for group in rows), every
 
 
 def test_two_backward_passes_in_a_step_turn_the_early_start_off_after_one_discard(
     tmp_path: Path,
 ) -> None:
     """Two backward passes in one step (two half losses) add to the 1 MiB gradient after its
-    average started: that step is discarded on both groups, said once by each, and from then on averages
-    wait for the optimizer step; the training is bit for bit that of `--quorum_every 1` (no early
-    start at all), its samples each once."""
+    average started: that step is discarded on both groups, said once by each, and from then on
+    averages wait for the optimizer step; the training is bit for bit that of `--quorum_every 1`
+    (no early start at all), its samples each once."""
     pytest.importorskip("torchft")
-    runs = {}
-    for every in (3, 1):
-        out = tmp_path / f"every{every}"
-        result = _launch(
-            out, "--fault_tolerance", "--replica_groups", "2", "--quorum_every", str(every),
-            FT_MLP="512", FT_SAMPLES="32", FT_BATCH="4", FT_TWO_BACKWARDS="1",
-        )  # fmt: skip
-        text = result.stdout + result.stderr
-        assert result.returncode == 0, text[-4000:]
-        rows = [_rank_ledgers(out, 2, 1)[(g, 0)] for g in (0, 1)]
-        committed = sorted(i for group in rows for r in group if r["committed"] for i in r["ids"])
-        assert committed == list(range(32))
-        discarded = [sum(not r["committed"] for r in group) for group in rows]
-        weights = [json.loads((out / f"weights.{g}.0.json").read_text())["weights"] for g in (0, 1)]
-        assert weights[0] == weights[1]
-        runs[every] = (weights[0], discarded, text.count("was accumulated again after its average"))
-    assert runs[3][1:] == ([1, 1], 2) and runs[1][1:] == ([0, 0], 0)
-    assert runs[3][0] == runs[1][0]
+    runs = _early_and_late(tmp_path, FT_SAMPLES="32", FT_BATCH="4", FT_TWO_BACKWARDS="1")
+    assert runs[3]["weights"] == runs[1]["weights"]
+    said = "was accumulated again after its average"
+    for every, discards in ((3, 1), (1, 0)):
+        rows, text = runs[every]["rows"], runs[every]["text"]
+        assert [sum(not r["committed"] for r in group) for group in rows] == [discards] * 2
+        assert text.count(said) == 2 * discards  # once by each group
 
 
 def test_every_membership_change_is_reported_once_by_a_group_that_saw_it() -> None:
