@@ -28,6 +28,13 @@ def local_gradient(grad: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else grad
 
 
+def reduced_in_place(grad: torch.Tensor, device: torch.device | None = None) -> bool:
+    """Whether `grad` is averaged where it lies, as a bucket of its own: contiguous, of
+    `ALONE_BYTES` or more, and (when `device` is given) on the collective's device."""
+    large = grad.numel() * grad.element_size() >= ALONE_BYTES and grad.is_contiguous()
+    return large and (device is None or grad.device == device)
+
+
 def gradient_buckets(
     parameters: Iterable[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES
 ) -> list[list[torch.Tensor]]:
@@ -43,7 +50,7 @@ def gradient_buckets(
         key = (grad.dtype, grad.device)
         buckets = groups.setdefault(key, [[]])
         nbytes = grad.numel() * grad.element_size()
-        if nbytes >= ALONE_BYTES and grad.is_contiguous():
+        if reduced_in_place(grad):
             buckets.insert(len(buckets) - 1, [grad])  # before the bucket still filling
             continue
         if buckets[-1] and sizes.get(key, 0) + nbytes > bucket_bytes:
@@ -79,8 +86,7 @@ def average_across_groups(
     carried = False
     for bucket in buckets:
         grad = bucket[0]
-        alone = len(bucket) == 1 and grad.numel() * grad.element_size() >= ALONE_BYTES
-        if alone and grad.is_contiguous() and (device is None or grad.device == device):
+        if len(bucket) == 1 and reduced_in_place(grad, device):
             flats.append(grad)  # reduced in place: no copy of the largest gradients
             continue
         flat = torch.cat([grad.reshape(-1) for grad in bucket])

@@ -21,7 +21,7 @@ from ..core.settings import env_text
 from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
 from .cross_group import CrossGroupReduce, Finish, StepQuorum
-from .gradients import ALONE_BYTES, average_across_groups, local_gradient
+from .gradients import average_across_groups, local_gradient, reduced_in_place
 from .heal_state import GroupSizeMismatch, HealState
 from .hooks import SessionHook
 from .loader import CursorLoader, StepView
@@ -515,9 +515,10 @@ class FaultTolerantSession:
                 )
             return
         grad = parameter.grad
-        if grad is None or local_gradient(grad) is not grad or not grad.is_contiguous():
-            return  # a DTensor shard (FSDP2), or a layout the buckets flatten
-        if grad.numel() * grad.element_size() < ALONE_BYTES or grad.device != self.device:
+        # A DTensor shard (FSDP2) or a gradient the buckets flatten waits for the optimizer step.
+        if grad is None or local_gradient(grad) is not grad:
+            return
+        if not reduced_in_place(grad, self.device):
             return
         if not self._syncing():
             return
