@@ -43,6 +43,14 @@ class GradientAccumulation:
         # Inside `accumulate()` only: a dataloader's last, shorter window is reweighted (see backward).
         self._in_micro_step = False
 
+    def state_dict(self) -> dict[str, int]:
+        """The micro-step counter (`Accelerator.step`), for a fault-tolerant group that heals."""
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Take the counter from `state_dict`."""
+        self.step = int(state["step"])
+
     def begin_micro_step(self) -> None:
         """Advance the counter and decide whether this micro-step synchronises gradients."""
         state = self.gradient_state

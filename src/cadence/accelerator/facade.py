@@ -329,6 +329,7 @@ class Accelerator(
             group_world_size=self.state.num_processes,
             group_barrier=self.state.wait_for_everyone,
             syncing=_syncing(self.gradient_state),
+            registered=self._prepared.custom_objects,
         )
         self._preparer = Preparer(
             self._strategy,
@@ -349,6 +350,8 @@ class Accelerator(
                 self._fault_tolerance.average_gradients if self._fault_tolerance else None
             ),
         )
+        if self._fault_tolerance is not None:  # a healing group receives the micro-step count
+            self._fault_tolerance.attach_counter(self._accumulation)
         # The Checkpointer (and checkpoint storage with it) is built on first use: see _checkpointer.
         arm_stop_on_notice(_weakly(self, "save_state"), _weakly(self, "_wait_for_async_save"),
                            settings.project_config, self.process_index, self.num_processes,

@@ -328,19 +328,35 @@ class Preparer:
         slice_fn_for_dispatch: Any = None,
     ) -> Any:
         """A loader that yields this process's share of the batches, on the device."""
+        context = self.strategy.context
+        if self.fault_tolerance is not None:  # the exactly-once cursor replaces the sharding
+            placement = self.device_placement if device_placement is None else device_placement
+
+            def group_loader() -> Any:  # an evaluation pass: the DataLoader over this group
+                return self._sharded(data_loader, device_placement, slice_fn_for_dispatch)
+
+            loader = self.fault_tolerance.wrap_loader(
+                data_loader,
+                context.device if placement else None,
+                self.gradient_state,
+                group_loader=group_loader,
+            )
+            mark_prepared(loader)
+            self.prepared.dataloaders.append(loader)  # its position is saved with the state
+            return loader
+        prepared = self._sharded(data_loader, device_placement, slice_fn_for_dispatch)
+        self.prepared.dataloaders.append(prepared)
+        return self.strategy.wrap_data_loader(prepared)
+
+    def _sharded(
+        self, data_loader: Any, device_placement: bool | None, slice_fn_for_dispatch: Any
+    ) -> Any:
+        """`data_loader` prepared over this process's data-parallel peers."""
         from ..data import (
             prepare_data_loader,  # deferred: loaded on first use, keeps `import cadence` cheap
         )
 
         context = self.strategy.context
-        if self.fault_tolerance is not None:  # the exactly-once cursor replaces the sharding
-            placement = self.device_placement if device_placement is None else device_placement
-            loader = self.fault_tolerance.wrap_loader(
-                data_loader, context.device if placement else None, self.gradient_state
-            )
-            mark_prepared(loader)
-            self.prepared.dataloaders.append(loader)  # its position is saved with the state
-            return loader
         config = self.dataloader_config
         # Ranks of one tensor/context-parallel group read the same batches.
         process_index, num_processes = data_parallel_coordinates(
@@ -364,8 +380,7 @@ class Preparer:
         )
         prepared.resume_exact_order = config.resume_exact_order  # read when a state is loaded
         mark_prepared(prepared)
-        self.prepared.dataloaders.append(prepared)
-        return self.strategy.wrap_data_loader(prepared)
+        return prepared
 
     def _check_optimizers_match_models(self, optimizers: list[Any]) -> None:
         if not self.prepared.models or not optimizers:

@@ -49,6 +49,10 @@ class ProcessMethods:
         ft, loader = self._fault_tolerance, self.gradient_state.active_dataloader
         if ft is not None and ft.cuts(loader):  # the step's samples across every replica group
             return ft.gather_for_metrics(input_data, use_gather_object, self.process_index)
+        if ft is not None:  # an evaluation pass, kept for a group that comes back (or replayed)
+            return ft.evaluation_gather(
+                lambda: gather_for_metrics(input_data, use_gather_object=use_gather_object)
+            )
         return gather_for_metrics(input_data, use_gather_object=use_gather_object)
 
     # -- execution control and collectives (the process state and cadence.runtime.collectives) --------------------

@@ -1,6 +1,8 @@
 """What a healing replica group receives from a peer, and how it takes it in: the prepared models,
-optimizer and schedulers, the data positions and the random states (torchft's state-dict
-functions call `send` on the peer and `load` on the healing group)."""
+optimizer and schedulers, the data positions and how many passes the script has made over each
+prepared DataLoader, the objects registered for checkpointing, the accumulation counter and the
+random states (torchft's state-dict functions call `send` on the peer and `load` on the healing
+group)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ class HealState:
         group: this replica group's index.
         group_rank / group_world_size: this process's rank and its group's process count.
         models / optimizers / schedulers / loaders: the prepared objects, as the session holds them.
+        counters / registered: objects with `state_dict` / `load_state_dict` that heal as they
+            stand when the step opens: the session's counters (the accumulation counter) and the
+            objects registered for checkpointing (the Accelerator's list, in the order every
+            group's script registers them).
     """
 
     def __init__(
@@ -37,6 +43,8 @@ class HealState:
         optimizers: list[Any],
         schedulers: list[Any],
         loaders: list[Any],
+        counters: list[Any] | None = None,
+        registered: list[Any] | None = None,
     ) -> None:
         self.group = group
         self.group_rank = group_rank
@@ -45,20 +53,29 @@ class HealState:
         self.optimizers = optimizers
         self.schedulers = schedulers
         self.loaders = loaders
+        self.counters = counters if counters is not None else []
+        self.registered = registered if registered is not None else []
         self.healed_from: int | None = None  # the peer of the last heal applied, until said
         self._moving: dict[str, Any] | None = None
+
+    @property
+    def stateful(self) -> list[Any]:
+        """The counters, then the registered objects."""
+        return [*self.counters, *self.registered]
 
     def capture_moving(self, capture: bool) -> None:
         """Capture (or, with False, forget) the data positions and random states as the step
         opens: a quorum formed beside the step sends from torchft's quorum thread while the
         step's forward pass may draw from them. A waited-for quorum sends before the step draws,
         from the state as it stands."""
-        self._moving = _moving_state(self.loaders) if capture else None
+        self._moving = _moving_state(self.loaders, self.stateful) if capture else None
 
     def send(self) -> dict[str, Any]:
         """The state a peer heals from. Weights, optimizer and scheduler change only after the
         commit, which waits for the quorum (and so for this send) to finish."""
-        moving = self._moving if self._moving is not None else _moving_state(self.loaders)
+        moving = self._moving
+        if moving is None:
+            moving = _moving_state(self.loaders, self.stateful)
         # FSDP2's DTensors travel as this rank's local shards (shards.py says why).
         return {
             "group": self.group,
@@ -98,17 +115,34 @@ class HealState:
             scheduler.scheduler.load_state_dict(scheduler_state)
         for loader, position in zip(self.loaders, state["loaders"]):
             loader.load_state_dict(position)
+        # The script restarted at its first line: its loops pass through what the job finished.
+        for loader, record in zip(self.loaders, state["passes"]):
+            loader.line_up(record, self.group)
+        if len(state["stateful"]) != len(self.stateful):
+            raise RuntimeError(
+                f"replica group {self.group} registered {len(self.stateful)} objects for "
+                f"checkpointing (with the accumulation counter), the group it heals from "
+                f"{len(state['stateful'])}: register the same objects, in the same order, before "
+                "the first step on every group"
+            )
+        for obj, obj_state in zip(self.stateful, state["stateful"]):
+            obj.load_state_dict(obj_state)
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         numpy.random.set_state(state["rng"]["numpy"])
         self.healed_from = int(state["group"])
 
 
-def _moving_state(loaders: list[Any]) -> dict[str, Any]:
+def _moving_state(loaders: list[Any], stateful: list[Any]) -> dict[str, Any]:
+    import copy
+
     import numpy
 
     return {
         "loaders": [loader.state_dict() for loader in loaders],
+        "passes": [loader.pass_record() for loader in loaders],
+        # A copy: the script may change its objects while a quorum formed beside the step sends.
+        "stateful": [copy.deepcopy(obj.state_dict()) for obj in stateful],
         "rng": {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),

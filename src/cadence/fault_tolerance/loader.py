@@ -9,13 +9,14 @@ so its samples are drawn again; a group that heals receives the cursor with the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..runtime.collectives import send_to_device
+from .loader_source import read_source
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,28 @@ class CursorLoader:
     dataloader's position (issue 24's format: epoch, generator states at the epoch's start and the
     samples consumed over all processes), the global count being the committed cursor.
 
+    **Passes.** Each `for batch in loader` is a pass. A pass started while the prepared model is in
+    training mode is a training pass, cut by the cursor; one started after `model.eval()` is an
+    evaluation pass: each replica group reads the whole dataset over its own processes (as a
+    DataLoader prepared without fault tolerance on the group's processes would), so a group lost
+    during an evaluation costs the others nothing, and every group computes the same numbers. The
+    loader counts its passes; a restarted group's script starts again at its first line, and the
+    heal tells it how many passes the job has finished (`line_up`): it passes through those
+    without yielding (its script's loops run through the epochs the job finished without training
+    or evaluating twice) and continues the job's current pass at the cursor.
+
     Args:
-        data_loader: the user's DataLoader (its dataset, batch size, collate function, sampler and
-            generators are used).
+        data_loader: the user's DataLoader (see loader_source.py for what it may be).
         device: where batches go (None: left where the collate function put them).
         begin_step: the session's call that opens (or returns) the current step's `StepView`.
         gradient_state: the Accelerator's GradientState: this loader is its active dataloader
             while iterated, and says when it yields the epoch's last batch (`end_of_dataloader`),
             so a last, shorter accumulation window still steps (and commits) as Accelerate's does.
+        training: whether a pass starting now is a training pass (the prepared models' mode).
+        finished: whether the job's training is over (a group's script ended): training passes
+            then yield nothing, so no group draws past the job's last committed step.
+        group_loader: makes the DataLoader an evaluation pass iterates: the user's, prepared over
+            this group's processes.
     """
 
     end_of_dataloader = False
@@ -54,37 +69,29 @@ class CursorLoader:
         device: torch.device | None,
         begin_step: Callable[[], StepView],
         gradient_state: Any = None,
+        *,
+        training: Callable[[], bool] = lambda: True,
+        finished: Callable[[], bool] = lambda: False,
+        group_loader: Callable[[], Iterable[Any]] | None = None,
     ) -> None:
-        batch_size = getattr(data_loader, "batch_size", None)
-        if batch_size is None:
-            raise ValueError(
-                "fault tolerance needs a DataLoader with a batch_size (a batch_sampler cannot be "
-                "re-cut by the exactly-once cursor); pass batch_size=... to the DataLoader"
-            )
-        sampler = getattr(data_loader, "sampler", None)
-        self.shuffle = isinstance(sampler, torch.utils.data.RandomSampler)
-        if not self.shuffle and not isinstance(sampler, torch.utils.data.SequentialSampler):
-            raise ValueError(
-                f"fault tolerance cuts the epoch's order itself: a DataLoader with a "
-                f"{type(sampler).__name__} cannot be re-cut; use shuffle=True (with a generator) "
-                "or shuffle=False"
-            )
-        if self.shuffle and getattr(sampler, "generator", None) is None:
-            raise ValueError(
-                "fault tolerance needs the shuffled order to be the same on every replica group: "
-                "pass generator=torch.Generator().manual_seed(SEED) to the DataLoader"
-            )
+        source = read_source(data_loader)
         self.data_loader = data_loader
-        self.dataset = data_loader.dataset
-        self.batch_size = int(batch_size)
-        self.collate_fn = data_loader.collate_fn
+        self.dataset = source.dataset
+        self.batch_size = source.batch_size
+        self.shuffle = source.shuffle
+        self.drop_last = source.drop_last
+        self.collate_fn = source.collate_fn
         self.device = device
         # torch's DataLoader draws its base seed from its own generator at each pass, then the
         # RandomSampler its permutation (and, once exhausted, one more it discards).
-        self.sampler_generator: torch.Generator | None = getattr(sampler, "generator", None)
-        self.loader_generator: torch.Generator | None = getattr(data_loader, "generator", None)
+        self.sampler_generator: torch.Generator | None = source.sampler_generator
+        self.loader_generator: torch.Generator | None = source.loader_generator
         self._begin_step = begin_step
         self.gradient_state = gradient_state
+        self._training = training
+        self._finished = finished
+        self._make_group_loader = group_loader
+        self._group_loader: Iterable[Any] | None = None
         self.epoch = 0
         self.cursor = 0  # committed samples of this epoch
         self._pending = 0  # samples drawn by the open step (not yet committed)
@@ -92,10 +99,21 @@ class CursorLoader:
         self._start_states: list[torch.Tensor] | None = None  # generators before it was drawn
         self.last_indices: list[int] = []  # the dataset indices of the batch last yielded
         self.participants = 0  # participating ranks of the step last drawn
+        self.passes = 0  # passes this script started over the loader
+        self.iterating = False  # inside a training pass
+        self.evaluating = False  # inside an evaluation pass
+        self._skip_through = 0  # passes up to this one the job finished before a heal
+        self._live_from = 0  # the first pass this group runs with the job
+        # What gather_for_metrics returned in each evaluation pass, by pass: a restarted group
+        # replays the passes the job evaluated before it came back with these results.
+        self.gathered: dict[int, list[Any]] = {}
+        self._replay: list[Any] | None = None  # the results of the pass being replayed
 
     def __len__(self) -> int:
         """Batches of this rank in an epoch when the quorum stays as it is now (an estimate)."""
         per_step = self.batch_size * max(self.participants, 1)
+        if self.drop_last:
+            return len(self.dataset) // per_step
         return -(-len(self.dataset) // per_step)
 
     def _generators(self) -> list[torch.Generator]:
@@ -118,7 +136,12 @@ class CursorLoader:
         return names
 
     def set_epoch(self, epoch: int) -> None:
-        """Start `epoch` at its beginning (its order drawn from the generators as they stand)."""
+        """Start `epoch` at its beginning (its order drawn from the generators as they stand).
+
+        Ignored while a restarted group's script passes through what the job did: the heal has
+        put the loader at the job's epoch."""
+        if self.passes < self._live_from:
+            return
         if epoch != self.epoch:
             self.epoch, self.cursor, self._pending = epoch, 0, 0
             self._order, self._start_states = None, None
@@ -136,7 +159,8 @@ class CursorLoader:
                 self._order = torch.arange(size)
         return self._order
 
-    def _slice(self, view: StepView) -> list[int]:
+    def _slice(self, view: StepView) -> list[int] | None:
+        """This rank's share of the step's samples; None when drop_last drops the epoch's tail."""
         order = self._epoch_order()
         start = self.cursor + self._pending
         remaining = len(order) - start
@@ -145,6 +169,10 @@ class CursorLoader:
             lo = start + view.index * self.batch_size
             chosen = order[lo : lo + self.batch_size]
             self._pending += full
+        elif self.drop_last:
+            # Every rank of the step sees the same numbers: all drop the tail together.
+            self.cursor, self._pending = len(order), 0
+            return None
         else:  # the epoch's tail: shared out as evenly as it goes (sizes differ by one at most)
             if remaining < view.participants:
                 # Every rank sees the same numbers, so every rank refuses together (none hangs).
@@ -153,35 +181,138 @@ class CursorLoader:
                     f"{remaining} samples are fewer than the participating ranks, so some rank "
                     "would train on nothing and the step could not be exact; use a dataset whose "
                     "length leaves no such tail (a multiple of the batch size times every "
-                    "possible rank count) or drop the tail (docs: Training through failures, limits)"
+                    "possible rank count), or drop_last=True (docs: Training through failures, "
+                    "limits)"
                 )
             pieces = torch.tensor_split(order[start:], view.participants)
             chosen = pieces[view.index]
             self._pending += remaining
         return chosen.tolist()
 
+    def _last_of_epoch(self, view: StepView) -> bool:
+        """Whether the batch just drawn is the epoch's last (unless its step is discarded)."""
+        left = len(self.dataset) - self.cursor - self._pending
+        if self.drop_last:
+            return left < view.participants * self.batch_size
+        return left <= 0
+
     def __iter__(self) -> Iterator[Any]:
+        self.passes += 1
+        if self.passes <= self._skip_through:
+            # The job finished this pass before this group came back: a training pass yields
+            # nothing; an evaluation pass runs again with the job's gathered results.
+            if not self._training() and self.passes in self.gathered:
+                yield from self._evaluation_pass(replay=self.gathered[self.passes])
+            return
+        if self._finished() and self._training():
+            return  # a group's script ended: nobody trains past the job's last step
+        if not self._training():
+            yield from self._evaluation_pass()
+            return
         if self.cursor >= len(self.dataset):  # a finished epoch: the next one starts
             self.set_epoch(self.epoch + 1)
         self._pending = 0  # a pass left without a commit (an interrupted loop) draws them again
         self.end_of_dataloader = False
+        self.iterating = True
         if self.gradient_state is not None:
             self.gradient_state._add_dataloader(self)
         try:
             # Bounded: every committed step advances the cursor by at least one sample; a
             # discarded step is redrawn, as often as the quorum discards (each one is reported).
             while self.cursor + self._pending < len(self.dataset):
+                if self._finished():
+                    return  # another group's script ended: nobody draws past its last step
                 view = self._begin_step()
+                if self.passes <= self._skip_through:
+                    return  # the heal just said the job finished this pass
                 self.participants = view.participants
                 indices = self._slice(view)
+                if indices is None:
+                    return  # drop_last: the tail is dropped
                 self.last_indices = indices
                 # The epoch's last batch unless its step is discarded (then it is drawn again).
-                self.end_of_dataloader = self.cursor + self._pending >= len(self.dataset)
+                self.end_of_dataloader = self._last_of_epoch(view)
                 batch = self.collate_fn([self.dataset[i] for i in indices])
                 yield send_to_device(batch, self.device) if self.device is not None else batch
         finally:
+            self.iterating = False
             if self.gradient_state is not None:
                 self.gradient_state._remove_dataloader(self)
+
+    def _evaluation_pass(self, replay: list[Any] | None = None) -> Iterator[Any]:
+        """The whole dataset over this group's processes (see the class docstring); with `replay`,
+        `gather_for_metrics` returns those results, in order, instead of gathering."""
+        if self._make_group_loader is None:
+            raise RuntimeError(
+                "this fault-tolerant DataLoader was iterated while the prepared model is in eval "
+                "mode, but it has no group loader for an evaluation pass"
+            )
+        if self._group_loader is None:
+            self._group_loader = self._make_group_loader()
+        self.evaluating = True
+        self._replay = list(replay) if replay is not None else None
+        if replay is None:
+            self.gathered[self.passes] = []
+        try:
+            yield from self._group_loader
+        finally:
+            self.evaluating = False
+            self._replay = None
+
+    def evaluation_gather(self, gather: Callable[[], Any]) -> Any:
+        """`gather_for_metrics` in this loader's evaluation pass: `gather()`'s result, kept for a
+        group that comes back later; in a replayed pass, the job's result instead.
+
+        Raises:
+            RuntimeError: a replayed pass gathers more often than the job's pass did.
+        """
+        if self._replay is not None:
+            if not self._replay:
+                raise RuntimeError(
+                    "this replica group's script, restarted, gathers more results in an "
+                    "evaluation pass the job finished before it came back than the job did: its "
+                    "evaluation loop differs from the other groups' (docs: Training through "
+                    "failures)"
+                )
+            return self._replay.pop(0)
+        result = gather()
+        self.gathered.setdefault(self.passes, []).append(_kept(result))
+        return result
+
+    # -- passes: a restarted group's script lines up with the job's ----------------------------------
+    def pass_record(self) -> dict[str, Any]:
+        """Where this loader's passes stand, for a group that heals from this one (with the
+        results its evaluation passes gathered)."""
+        gathered = {n: list(results) for n, results in self.gathered.items()}
+        return {"passes": self.passes, "iterating": self.iterating, "gathered": gathered}
+
+    def line_up(self, record: dict[str, Any], group: int) -> None:
+        """Take the job's pass count from a peer's `pass_record`: the passes the job finished are
+        passed through without yielding; the pass it is in continues at the cursor.
+
+        Raises:
+            RuntimeError: this script has started more passes over the loader than the job (its
+                loops differ from the other groups'): it cannot train in step with them.
+        """
+        done = int(record["passes"]) - bool(record["iterating"])
+        live = done + 1 if record["iterating"] else done
+        if self.passes > max(live, done):
+            raise RuntimeError(
+                f"replica group {group}'s script has started {self.passes} passes over a "
+                f"prepared DataLoader, the job it heals into only {live}: the groups' training "
+                "loops differ (a script whose loops depend on something other than its prepared "
+                "objects, such as the time or a per-process setting, cannot be lined up). Run the "
+                "same loops on every group (docs: Training through failures)"
+            )
+        self._skip_through = done
+        self._live_from = live
+        # The job's results of the passes this group missed; its own of those it evaluated.
+        for number, results in record.get("gathered", {}).items():
+            self.gathered.setdefault(int(number), list(results))
+
+    def behind(self) -> bool:
+        """Whether this group's script has not yet reached the job's pass over this loader."""
+        return self.passes < self._live_from
 
     def end_step(self, committed: bool) -> None:
         """The step closed: its samples are consumed when `committed`, drawn again otherwise."""
@@ -243,3 +374,15 @@ class CursorLoader:
             generator.set_state(saved)
         self.epoch, self.cursor, self._pending = int(state["epoch"]), cursor, 0
         self._order, self._start_states = None, None
+
+
+def _kept(result: Any) -> Any:
+    """A gathered result as kept for a replay: tensors detached, on the CPU, copied."""
+    if isinstance(result, torch.Tensor):
+        return result.detach().to("cpu", copy=True)
+    if isinstance(result, (list, tuple)):
+        kept = [_kept(item) for item in result]
+        return type(result)(kept) if isinstance(result, list) else tuple(kept)
+    if isinstance(result, dict):
+        return {key: _kept(value) for key, value in result.items()}
+    return result

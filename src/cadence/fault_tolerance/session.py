@@ -9,9 +9,11 @@ the prepared objects; nothing here reads the Accelerator.
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -26,17 +28,37 @@ from .heal_state import GroupSizeMismatch, HealState
 from .hooks import SessionHook
 from .loader import CursorLoader, StepView
 from .manager_bind import manager_server_bound_to
-from .step_share import BLOCKS, contributors, membership_reports, one_cut, share_row
+from .step_share import (
+    BLOCKS,
+    checkpoint_writer,
+    contributors,
+    finished,
+    finished_row,
+    membership_reports,
+    one_cut,
+    share_row,
+)
 from .watchdog import QuorumWatchdog
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
 _MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
+# Set in the group's store (kept by its agent across restarts) once the group commits a step: a
+# restarted group then knows the job has trained, and must heal from a group that holds it.
+_PROGRESS_KEY = "cadence_ft_committed"
+
+
+# How long a group whose script ended waits for lost groups to come back and finish with it.
+FINISH_WAIT = 30.0
 
 
 def say(text: str) -> None:
     """A quorum report: one line on stdout, flushed, with the prefix the launcher's lines carry."""
     print(f"cadence fault tolerance: {text}", flush=True)
+
+
+class JobLost(RuntimeError):
+    """Every replica group was lost at once after the job trained: nobody holds its state."""
 
 
 class FaultTolerantSession:
@@ -49,6 +71,8 @@ class FaultTolerantSession:
         group_barrier: waits for every rank of the group (None with one process).
         syncing: whether the current micro-batch ends the optimizer step's window (default: each
             does).
+        registered: the objects registered for checkpointing (the Accelerator's list, read when a
+            heal sends or applies): they heal as the model does.
     """
 
     def __init__(
@@ -60,6 +84,7 @@ class FaultTolerantSession:
         group_world_size: int,
         group_barrier: Callable[[], None] | None,
         syncing: Callable[[], bool] | None = None,
+        registered: list[Any] | None = None,
     ) -> None:
         from torchft.checkpointing.pg_transport import PGTransport
         from torchft.manager import Manager
@@ -79,11 +104,17 @@ class FaultTolerantSession:
         # The heal travels over the cross-group process group: no extra listener (torchft's HTTP
         # transport would listen on every interface).
         transport = PGTransport(pg, timeout=timeout, device=device)
+        self._restarted = int(env_text("TORCHELASTIC_RESTART_COUNT", "0") or "0") > 0
+        self._store = None  # the group's store at its root, once needed
+        # Whether the job had committed steps before this group's processes restarted.
+        self._job_had_trained = self._restarted and self._group_store(timeout).check(
+            [_PROGRESS_KEY]
+        )
         if group_barrier is not None:
             if group_rank == 0:
                 # torchft reads them at the root of the group's store (its own client, no prefix);
                 # the default group's store would prefix them ("default_pg/") and miss them.
-                store = launcher_store_client(timeout)
+                store = self._group_store(timeout)
                 for key in _MANAGER_STORE_KEYS:
                     store.delete_key(key)
             group_barrier()
@@ -110,6 +141,7 @@ class FaultTolerantSession:
         self.optimizers: list[Any] = []
         self.schedulers: list[Any] = []
         self.loaders: list[CursorLoader] = []
+        self.counters: list[Any] = []  # the accumulation counter (attach_counter)
         # What a healing group receives: the lists above, read when a heal sends or applies.
         self._heal = HealState(
             config.replica_group,
@@ -119,6 +151,8 @@ class FaultTolerantSession:
             optimizers=self.optimizers,
             schedulers=self.schedulers,
             loaders=self.loaders,
+            counters=self.counters,
+            registered=registered,
         )
         self.manager.register_state_dict_fn("cadence", self._heal.load, self._heal.send)
         self.reducer = CrossGroupReduce(self.manager, pg)
@@ -156,8 +190,27 @@ class FaultTolerantSession:
         self.early_steps = 0  # steps whose large gradients started averaging during backward
         self._committed_ranks = group_world_size  # ranks that trained the last committed step
         self.committed_steps = 0
+        # The job's training is over: a group's script ended (it said so in a step's row). From
+        # then on training passes draw nothing, so no group trains past the job's last step.
+        self.job_finished = False
+        self._writer: int | None = None  # the group that writes checkpoints (checkpoint_writer)
+        self._finishing = (
+            False  # this group's script ended: its steps say so and contribute nothing
+        )
+        self._all_finished = False  # every group present in the last step had finished
+        # A script that ends without end_training() tells the others too (only if it ended well);
+        # held strongly: the script's Accelerator is gone by then, the group's membership is not.
+        # It runs with the interpreter's thread shutdown, before the executors the Manager uses
+        # are shut down (concurrent.futures' own exit hook; those registered later run first).
+        register = getattr(threading, "_register_atexit", atexit.register)
+        register(self._finish_at_exit)
         # One thread for the session's life, not one per step: it says why a quorum is late.
         self._watchdog = QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
+
+    def _group_store(self, timeout: timedelta) -> Any:
+        if self._store is None:
+            self._store = launcher_store_client(timeout)
+        return self._store
 
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, after_gradients: bool = False) -> StepView:
@@ -211,7 +264,10 @@ class FaultTolerantSession:
             self.manager.start_quorum()
             if basis is None:
                 self._wait_for_every_group()
+                self._check_someone_holds_the_job()
         except GroupSizeMismatch:  # found at a heal: said as it is, not as a missing quorum
+            raise
+        except JobLost:
             raise
         except Exception as error:
             raise self._no_quorum(step, error) from error
@@ -228,6 +284,19 @@ class FaultTolerantSession:
         if basis is not None:
             return basis
         return self.manager.participating_rank() or 0, self.manager.num_participants()
+
+    def _check_someone_holds_the_job(self) -> None:
+        """A restarted group that found every group at the job's first step although the job had
+        trained: every group was lost, nobody holds the trained state, and training again from
+        the start would train every sample again. Stop, saying what to do."""
+        if self._job_had_trained and self.committed_steps == 0 and self.manager.current_step() == 0:
+            raise JobLost(
+                f"replica group {self.config.replica_group} restarted after the job had committed "
+                "steps, and no group that holds them is left (every replica group was lost at "
+                "once): training again from the first step would train every sample twice. "
+                "Restart the job from its last checkpoint (save_state / load_state); keep the "
+                "groups on separate machines so one failure cannot take them all"
+            )
 
     def _no_quorum(self, step: int, error: BaseException) -> RuntimeError:
         return RuntimeError(
@@ -262,6 +331,8 @@ class FaultTolerantSession:
         groups = self.config.replica_groups
         if not groups:
             return torch.zeros(BLOCKS, dtype=torch.float32)
+        if self._finishing:
+            return finished_row(groups, self.config.replica_group)
         view = self._view
         assert view is not None, "a step is open"
         return share_row(
@@ -271,6 +342,7 @@ class FaultTolerantSession:
             rank=view.index // self.group_world_size,
             counted=quorum.participants,
             step=self.manager.current_step(),
+            restarted=self._restarted,
         )
 
     def _one_cut(self, summed: torch.Tensor | list[float]) -> bool:
@@ -353,6 +425,11 @@ class FaultTolerantSession:
         quorum = StepQuorum(basis[1], True) if basis is not None else self.reducer.quorum()
         row = self._share_row(quorum)
         parameters = self._parameters()
+        if self._finishing:
+            # Zeros in every gradient's place: the collectives match a training group's step.
+            for parameter in parameters:
+                if parameter.requires_grad:
+                    parameter.grad = torch.zeros_like(parameter)
         if self._sit_out:
             row.zero_()
             for parameter in parameters:
@@ -368,14 +445,34 @@ class FaultTolerantSession:
 
     def commit(self) -> bool:
         """Average the gradients across the quorum (unless done already this step) and vote;
-        True when the step commits."""
+        True when the step commits.
+
+        Raises:
+            RuntimeError: the optimizer stepped during an evaluation pass (a DataLoader iterated
+                while the prepared model was in eval mode).
+        """
+        if any(loader.evaluating for loader in self.loaders):
+            raise RuntimeError(
+                f"replica group {self.config.replica_group}: the optimizer stepped during a pass "
+                "over a prepared DataLoader that started while the prepared model was in eval "
+                "mode. Under fault tolerance such a pass is an evaluation pass (each replica group "
+                "reads all of it, none of it through the exactly-once cursor), so training on it "
+                "would repeat samples across the groups. Call model.train() before iterating a "
+                "training DataLoader (docs: Training through failures)"
+            )
+        if self.job_finished and not self._finishing:
+            self._view = None
+            return False  # the job's training is over: nothing commits any more
         self.average_gradients()
         summed, quorum = self._summed, self._quorum
         assert summed is not None and quorum is not None
         self._summed = self._quorum = None
         groups = self.config.replica_groups or 0
         basis = self._basis if self._reused else None
-        if self._sit_out:
+        if groups and finished(summed, groups):
+            done = finished(summed, groups)
+            self.manager.report_error(RuntimeError(f"replica groups {done} finished their scripts"))
+        elif self._sit_out:
             self.manager.report_error(
                 RuntimeError("healed after the gradients were computed; step discarded")
             )
@@ -401,14 +498,19 @@ class FaultTolerantSession:
         everyone = bool(groups) and len(contributors(summed, groups)) == groups
         self._basis = drawn if committed and everyone and drawn[0] is not None else None
         self._heal.capture_moving(False)
+        if groups:
+            self._note_finished(summed, groups, step)
         if committed:
+            if self.committed_steps == 0 and self.group_rank == 0:
+                self._group_store(timedelta(seconds=self.config.timeout)).set(_PROGRESS_KEY, "1")
             self.committed_steps += 1
             self._committed_ranks = participants * self.group_world_size
             if groups:
                 self._note_members(frozenset(contributors(summed, groups)), step)
+                self._writer = checkpoint_writer(summed, groups)
         else:
             self.discarded_steps += 1
-            if self.group_rank == 0:
+            if self.group_rank == 0 and not (self._finishing or self.job_finished):
                 error = self.manager.errored()
                 why = f": {str(error.original_exception).splitlines()[0]}" if error else ""
                 say(
@@ -447,6 +549,23 @@ class FaultTolerantSession:
             }
         )
         return True
+
+    def _note_finished(self, summed: list[float], groups: int, step: int) -> None:
+        """A step whose rows say some group's script ended: training is over for the job."""
+        done = finished(summed, groups)
+        if not done:
+            return
+        present = set(contributors(summed, groups)) | set(done)
+        self._all_finished = present <= set(done) and len(present) == groups
+        if not self.job_finished and not self._finishing:
+            self.job_finished = True
+            if self.group_rank == 0:
+                names = ", ".join(str(g) for g in done)
+                say(
+                    f"replica group {names} finished its script at step {step}; replica group "
+                    f"{self.config.replica_group} trains no further step (its loops run to their "
+                    "end without drawing batches)"
+                )
 
     def _note_members(self, members: frozenset[int], step: int) -> None:
         before, self._members = self._members, members
@@ -541,12 +660,34 @@ class FaultTolerantSession:
         self.schedulers.append(scheduler)
 
     def wrap_loader(
-        self, data_loader: Any, device: torch.device | None, gradient_state: Any = None
+        self,
+        data_loader: Any,
+        device: torch.device | None,
+        gradient_state: Any = None,
+        group_loader: Callable[[], Iterable[Any]] | None = None,
     ) -> CursorLoader:
-        """The exactly-once loader over `data_loader`'s dataset (see loader.py)."""
-        loader = CursorLoader(data_loader, device, self.begin_step, gradient_state)
+        """The exactly-once loader over `data_loader`'s dataset (see loader.py); `group_loader`
+        makes what an evaluation pass iterates (the DataLoader prepared over this group)."""
+        loader = CursorLoader(
+            data_loader,
+            device,
+            self.begin_step,
+            gradient_state,
+            training=self._models_training,
+            finished=lambda: self.job_finished,
+            group_loader=group_loader,
+        )
         self.loaders.append(loader)
         return loader
+
+    def _models_training(self) -> bool:
+        """Whether a pass starting now trains: the prepared models are in training mode."""
+        return not self.models or any(model.training for model in self.models)
+
+    def attach_counter(self, counter: Any) -> None:
+        """A counter of the script's progress (with `state_dict` / `load_state_dict`; the
+        accumulation counter): a healing group receives it."""
+        self.counters.append(counter)
 
     def cuts(self, active_loader: Any) -> bool:
         """Whether `active_loader` (the dataloader being iterated) is one of this session's
@@ -633,17 +774,76 @@ class FaultTolerantSession:
             )
         return gathered
 
+    def evaluation_gather(self, gather: Callable[[], Any]) -> Any:
+        """`gather_for_metrics` outside the cursor: in an evaluation pass, kept (or, in a pass a
+        restarted group replays, the job's result); elsewhere `gather()` as it is."""
+        for loader in self.loaders:
+            if loader.evaluating:
+                return loader.evaluation_gather(gather)
+        return gather()
+
     def writes_checkpoints(self) -> bool:
-        """Whether this group writes `save_state` (the first participating group of the last
-        quorum; every group holds the same committed state, so one writes it)."""
+        """Whether this group writes `save_state`: every group holds the same committed state,
+        so one writes it: the first group of the last committed step that never restarted
+        (`checkpoint_writer`), else the first participant of the last quorum; never a restarted
+        group still passing through what the job did before it came back."""
+        if self.catching_up():
+            return False  # the job wrote this checkpoint before this group came back
+        if self._writer is not None:
+            return self._writer == self.config.replica_group
         if self.committed_steps + self.discarded_steps == 0 and self._view is None:
             return self.config.replica_group == 0  # no quorum yet: every group holds the start
         return self.manager.participating_rank() == 0
 
+    def finish(self) -> None:
+        """This group's script ended: say so to the groups still training, then leave.
+
+        The group takes part in the next steps without contributing (zeros in its gradients' place,
+        a row that says it finished), so a group still training, one that came back and whose own
+        counters lag, stops drawing instead of training alone after the job's last step. It ends
+        when every group of the job has finished, or after `FINISH_WAIT` seconds: a group lost
+        near the end and restarted by its agent heals from it, passes through its script (every
+        training pass yields nothing, every evaluation is replayed) and finishes with the others.
+        Groups that end together spend one all-reduce on it.
+        """
+        if self._closed:
+            return
+        if self.optimizers and self.config.replica_groups and self.manager.current_step() > 0:
+            deadline = time.monotonic() + min(self.config.quorum_timeout, FINISH_WAIT)
+            self._finishing = True
+            try:
+                # Bounded: each round ends within the cross-group or the quorum timeout, and the
+                # rounds by the deadline.
+                while not self._all_finished and time.monotonic() < deadline:
+                    self.commit()
+                    if not self._all_finished:
+                        time.sleep(0.2)  # a group is missing: its agent may be restarting it
+            except Exception as error:  # the others see this group leave instead
+                if self.group_rank == 0:
+                    say(
+                        f"replica group {self.config.replica_group} could not tell the others it "
+                        f"finished ({error!r}); they see it leave"
+                    )
+            finally:
+                self._finishing = False
+        self.shutdown()
+
+    def _finish_at_exit(self) -> None:
+        # Only a script that ended well finishes; one that failed must look lost (and heal).
+        if env_text("CADENCE_SCRIPT_EXIT_CODE") == "0":
+            self.finish()
+        elif not self._closed:
+            self.shutdown()
+
     def shutdown(self) -> None:
         """Leave the quorum: stop this group's torchft servers."""
         self._closed = True
+        self._watchdog.disarm()
         self.manager.shutdown(wait=False)
+
+    def catching_up(self) -> bool:
+        """Whether this group's script, restarted, is still passing through what the job did."""
+        return any(loader.behind() for loader in self.loaders)
 
 
 def _always() -> bool:

@@ -18,9 +18,11 @@ def start_fault_tolerance(
     group_world_size: int,
     group_barrier: Callable[[], None] | None,
     syncing: Callable[[], bool] | None = None,
+    registered: list[Any] | None = None,
 ) -> Any:
     """The group's `FaultTolerantSession` (joined to the Lighthouse), or None when `config` is None.
-    `syncing` says whether the current micro-batch ends the optimizer step's window.
+    `syncing` says whether the current micro-batch ends the optimizer step's window; `registered`
+    is the list of objects registered for checkpointing (they heal with the model).
 
     torchft loads here, only when fault tolerance is on.
     """
@@ -35,4 +37,5 @@ def start_fault_tolerance(
         group_world_size=group_world_size,
         group_barrier=group_barrier if group_world_size > 1 else None,
         syncing=syncing,
+        registered=registered,
     )

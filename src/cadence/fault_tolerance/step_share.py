@@ -3,13 +3,16 @@ of those rows tells every group: who contributed, and whether they all cut the b
 quorum at one step (see session.py: a step may be drawn on the previous step's quorum, or reuse
 it without asking the Lighthouse).
 
-A row has five blocks of `groups` slots; group g writes only its slot of each: 1 (it contributed),
+A row has seven blocks of `groups` slots; group g writes only its slot of each: 1 (it contributed),
 the participant count its batch was cut with, its participating rank in that cut, the participant
-count torchft averages and votes with, and its step (the Manager's count of committed steps, modulo
+count torchft averages and votes with, its step (the Manager's count of committed steps, modulo
 `STEP_MODULUS`: groups a step or a few apart must differ, and the row survives the average's
-division and multiplication in float32 exactly enough to round back). A group
-torchft does not count as a participant (one healing beside an overlapped quorum) sends zeros: it
-contributes nothing.
+division and multiplication in float32 exactly enough to round back), and 1 when its script has
+ended (a `finished_row`: then it contributes nothing else, and every group discards the step), and
+1 when its processes were restarted (their scripts began again at the first line, so counters the
+script keeps itself may lag the job's: another group writes the checkpoints, `checkpoint_writer`). A
+group torchft does not count as a participant (one healing beside an overlapped quorum) sends
+zeros: it contributes nothing.
 """
 
 from __future__ import annotations
@@ -18,19 +21,49 @@ from collections.abc import Sequence
 
 import torch
 
-BLOCKS = 5
+BLOCKS = 7
 STEP_MODULUS = 1 << 16
 
 
 def share_row(
-    groups: int, group: int, cut_with: int, rank: int, counted: int, step: int = 0
+    groups: int,
+    group: int,
+    cut_with: int,
+    rank: int,
+    counted: int,
+    step: int = 0,
+    restarted: bool = False,
 ) -> torch.Tensor:
     """Group `group`'s row at `step`: its batch cut as `rank` of `cut_with` participants;
-    torchft counts `counted` participants."""
+    torchft counts `counted` participants; `restarted`: its processes began again."""
     values = [0.0] * (BLOCKS * groups)
-    for block, value in enumerate((1, cut_with, rank, counted, step % STEP_MODULUS)):
+    row = (1, cut_with, rank, counted, step % STEP_MODULUS, 0, int(restarted))
+    for block, value in enumerate(row):
         values[block * groups + group] = float(value)
     return torch.tensor(values, dtype=torch.float32)
+
+
+def finished_row(groups: int, group: int) -> torch.Tensor:
+    """Group `group`'s row once its script has ended: it says so, and contributes nothing."""
+    values = [0.0] * (BLOCKS * groups)
+    values[5 * groups + group] = 1.0
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def finished(summed: torch.Tensor | Sequence[float], groups: int) -> list[int]:
+    """The groups whose scripts have ended, by their rows in `summed`."""
+    counts = _counts(summed[5 * groups : 6 * groups])
+    return [g for g in range(groups) if counts[g] >= 1]
+
+
+def checkpoint_writer(summed: torch.Tensor | Sequence[float], groups: int) -> int | None:
+    """The group that writes `save_state`: the first contributor whose processes never restarted
+    (its script's own counters, which may name a checkpoint, are the job's), else the first
+    contributor; None when no group contributed."""
+    members = contributors(summed, groups)
+    restarted = _counts(summed[6 * groups : 7 * groups])
+    steady = [g for g in members if restarted[g] == 0]
+    return (steady or members or [None])[0]
 
 
 def _counts(summed: torch.Tensor | Sequence[float]) -> list[int]:

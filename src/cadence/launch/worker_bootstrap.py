@@ -156,6 +156,9 @@ def _end_process(code: int) -> None:
     script's globals released so open files close), and the process then ends without finalization:
     no native thread can meet a half-torn-down interpreter.
     """
+    # Read by exit handlers that act only on a script that ended well (a fault-tolerant group tells
+    # the others it finished; one that failed must look lost, so its agent restarts it).
+    os.environ["CADENCE_SCRIPT_EXIT_CODE"] = str(code)
     if os.environ.get("CADENCE_FINALIZE_AT_EXIT", "").strip().lower() in ("1", "true", "yes", "on"):
         # The switch back to a plain Python exit, interpreter finalization included
         # (docs/differences.md).
