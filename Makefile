@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.cadence-demo-installed
 STAMP := $(VENV)/.cadence-installed
 
-.PHONY: demo test test-xla test-torch test-exit lint format bench docs docs-screenshots
+.PHONY: demo test test-xla test-torch test-exit lint format bench docs docs-screenshots campaign
 
 # The demo needs only torch and the package; the suite adds the test tools, the optional packages
 # whose integrations it exercises (trackers, DeepSpeed, transformers & co., Ray) and the documentation
@@ -28,6 +28,14 @@ demo: $(DEMO_STAMP)
 # both cores busy and the suite within its time on a 2-core machine.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+
+# The randomized fault campaign of fault tolerance (tests/ft_campaign.py): each run prints its seed and
+# scenario on one line; SEED=S replays one, N draws that many (a failing seed becomes a case of
+# tests/test_fault_campaign.py). Failed runs' folders are kept and named.
+SEED ?=
+N ?= 20
+campaign: $(STAMP)
+	$(PY) tests/ft_campaign.py $(if $(SEED),--seed $(SEED),--runs $(N)) --keep
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or reference.
 # `.venv/bin/mkdocs serve` serves it locally. The variables silence two banners printed by the theme and a plugin.

@@ -30,6 +30,8 @@ def fresh_cadence_state():
 # The longest test modules (whole launches, a Ray cluster, kill-and-resume runs) start first: with two
 # pytest-xdist processes, a long test picked up last would leave one core idle until it ends.
 LONG_FIRST = (
+    "test_fault_tolerance_epochs.py",
+    "test_fault_campaign.py",
     "test_ray_train.py",
     "test_resume_after_kill.py",
     "test_elastic_launch.py",

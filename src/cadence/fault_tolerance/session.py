@@ -28,37 +28,15 @@ from .heal_state import GroupSizeMismatch, HealState
 from .hooks import SessionHook
 from .loader import CursorLoader, StepView
 from .manager_bind import manager_server_bound_to
-from .step_share import (
-    BLOCKS,
-    checkpoint_writer,
-    contributors,
-    finished,
-    finished_row,
-    membership_reports,
-    one_cut,
-    share_row,
-)
+from .membership import JobLost, Membership, say
+from .step_share import BLOCKS, contributors, finished, finished_row, one_cut, share_row
 from .watchdog import QuorumWatchdog
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
 _MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
-# Set in the group's store (kept by its agent across restarts) once the group commits a step: a
-# restarted group then knows the job has trained, and must heal from a group that holds it.
-_PROGRESS_KEY = "cadence_ft_committed"
-
-
 # How long a group whose script ended waits for lost groups to come back and finish with it.
 FINISH_WAIT = 30.0
-
-
-def say(text: str) -> None:
-    """A quorum report: one line on stdout, flushed, with the prefix the launcher's lines carry."""
-    print(f"cadence fault tolerance: {text}", flush=True)
-
-
-class JobLost(RuntimeError):
-    """Every replica group was lost at once after the job trained: nobody holds its state."""
 
 
 class FaultTolerantSession:
@@ -104,17 +82,12 @@ class FaultTolerantSession:
         # The heal travels over the cross-group process group: no extra listener (torchft's HTTP
         # transport would listen on every interface).
         transport = PGTransport(pg, timeout=timeout, device=device)
-        self._restarted = int(env_text("TORCHELASTIC_RESTART_COUNT", "0") or "0") > 0
-        self._store = None  # the group's store at its root, once needed
-        # Whether the job had committed steps before this group's processes restarted.
-        self._job_had_trained = self._restarted and self._group_store(timeout).check(
-            [_PROGRESS_KEY]
-        )
+        self._store: Any = None  # the group's store at its root, once needed
         if group_barrier is not None:
             if group_rank == 0:
                 # torchft reads them at the root of the group's store (its own client, no prefix);
                 # the default group's store would prefix them ("default_pg/") and miss them.
-                store = self._group_store(timeout)
+                store = self._group_store()
                 for key in _MANAGER_STORE_KEYS:
                     store.delete_key(key)
             group_barrier()
@@ -155,6 +128,7 @@ class FaultTolerantSession:
             registered=registered,
         )
         self.manager.register_state_dict_fn("cadence", self._heal.load, self._heal.send)
+        self.membership = Membership(config, group_rank, self.manager, self._group_store)
         self.reducer = CrossGroupReduce(self.manager, pg)
         self._view: StepView | None = None
         self._closed = False
@@ -183,21 +157,13 @@ class FaultTolerantSession:
         self._can_overlap = bool(config.replica_groups) and isinstance(
             getattr(self.manager, "_use_async_quorum", None), bool
         )
-        self._members: frozenset[int] | None = None
         self.discarded_steps = 0
         self.overlapped_steps = 0  # steps drawn on the previous quorum while theirs formed
         self.reused_steps = 0  # steps that reused the previous quorum without asking for one
         self.early_steps = 0  # steps whose large gradients started averaging during backward
         self._committed_ranks = group_world_size  # ranks that trained the last committed step
         self.committed_steps = 0
-        # The job's training is over: a group's script ended (it said so in a step's row). From
-        # then on training passes draw nothing, so no group trains past the job's last step.
-        self.job_finished = False
-        self._writer: int | None = None  # the group that writes checkpoints (checkpoint_writer)
-        self._finishing = (
-            False  # this group's script ended: its steps say so and contribute nothing
-        )
-        self._all_finished = False  # every group present in the last step had finished
+        self._finishing = False  # this group's script ended: its steps say so, contribute nothing
         # A script that ends without end_training() tells the others too (only if it ended well);
         # held strongly: the script's Accelerator is gone by then, the group's membership is not.
         # It runs with the interpreter's thread shutdown, before the executors the Manager uses
@@ -205,12 +171,19 @@ class FaultTolerantSession:
         register = getattr(threading, "_register_atexit", atexit.register)
         register(self._finish_at_exit)
         # One thread for the session's life, not one per step: it says why a quorum is late.
-        self._watchdog = QuorumWatchdog(max(2.0, 3 * config.heartbeat_timeout), self._say_waiting)
+        self._watchdog = QuorumWatchdog(
+            max(2.0, 3 * config.heartbeat_timeout), self.membership.say_waiting
+        )
 
-    def _group_store(self, timeout: timedelta) -> Any:
+    def _group_store(self) -> Any:
         if self._store is None:
-            self._store = launcher_store_client(timeout)
+            self._store = launcher_store_client(timedelta(seconds=self.config.timeout))
         return self._store
+
+    @property
+    def job_finished(self) -> bool:
+        """A group's script ended: no group trains past the job's last step (membership.py)."""
+        return self.membership.job_finished
 
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, after_gradients: bool = False) -> StepView:
@@ -263,8 +236,8 @@ class FaultTolerantSession:
         try:
             self.manager.start_quorum()
             if basis is None:
-                self._wait_for_every_group()
-                self._check_someone_holds_the_job()
+                self.membership.wait_for_every_group()
+                self.membership.check_someone_holds_the_job(self.committed_steps)
         except GroupSizeMismatch:  # found at a heal: said as it is, not as a missing quorum
             raise
         except JobLost:
@@ -284,19 +257,6 @@ class FaultTolerantSession:
         if basis is not None:
             return basis
         return self.manager.participating_rank() or 0, self.manager.num_participants()
-
-    def _check_someone_holds_the_job(self) -> None:
-        """A restarted group that found every group at the job's first step although the job had
-        trained: every group was lost, nobody holds the trained state, and training again from
-        the start would train every sample again. Stop, saying what to do."""
-        if self._job_had_trained and self.committed_steps == 0 and self.manager.current_step() == 0:
-            raise JobLost(
-                f"replica group {self.config.replica_group} restarted after the job had committed "
-                "steps, and no group that holds them is left (every replica group was lost at "
-                "once): training again from the first step would train every sample twice. "
-                "Restart the job from its last checkpoint (save_state / load_state); keep the "
-                "groups on separate machines so one failure cannot take them all"
-            )
 
     def _no_quorum(self, step: int, error: BaseException) -> RuntimeError:
         return RuntimeError(
@@ -342,61 +302,13 @@ class FaultTolerantSession:
             rank=view.index // self.group_world_size,
             counted=quorum.participants,
             step=self.manager.current_step(),
-            restarted=self._restarted,
+            restarted=self.membership.restarted,
         )
 
     def _one_cut(self, summed: torch.Tensor | list[float]) -> bool:
         groups = self.config.replica_groups
         # Without the group count every step waits for its quorum: the cuts agree by construction.
         return one_cut(summed, groups) if groups else True
-
-    def _wait_for_every_group(self) -> None:
-        """Before the job's first commit, quorum again until every group of the job is in it.
-
-        A group that started late would otherwise find the others' steps committed without it (or
-        the others finished) and, with no peer ahead to heal from, train the same samples again.
-        Bounded by the quorum timeout; past it the groups present go on (and say so)."""
-        groups = self.config.replica_groups
-        if not groups or self.manager.current_step() != 0:
-            return
-        deadline = time.monotonic() + self.config.quorum_timeout
-        said = False
-        while self.manager.num_participants() < groups:  # bounded by the deadline
-            if time.monotonic() > deadline:
-                if int(env_text("TORCHELASTIC_RESTART_COUNT", "0") or "0") > 0:
-                    # A restarted group alone at the job's step 0: the others finished (or are
-                    # gone for good); training the epoch from its start would repeat their steps.
-                    raise RuntimeError(
-                        f"replica group {self.config.replica_group} restarted but found no other "
-                        f"group within {self.config.quorum_timeout:g} s: they finished, or are "
-                        "gone, and nobody is ahead of it to heal from, so it does not train the "
-                        "epoch again from its start. Restart the job from its last checkpoint "
-                        "if training is not complete"
-                    )
-                if self.group_rank == 0:
-                    say(
-                        f"replica group {self.config.replica_group} starts with "
-                        f"{self.manager.num_participants()} of {groups} groups after "
-                        f"{self.config.quorum_timeout:g} s (the others heal when they join)"
-                    )
-                return
-            if not said and self.group_rank == 0:
-                say(
-                    f"replica group {self.config.replica_group} waits for all {groups} groups "
-                    "to start before the first step"
-                )
-                said = True
-            time.sleep(0.2)
-            self.manager.start_quorum()
-
-    def _say_waiting(self, step: int) -> None:
-        if self.group_rank == 0:
-            say(
-                f"replica group {self.config.replica_group} waits for a quorum at step {step}: "
-                f"fewer than min_replicas={self.config.min_replicas} groups are alive (or the "
-                f"Lighthouse at {self.config.lighthouse} is unreachable); training resumes when "
-                f"enough groups are back, or fails after {self.config.quorum_timeout:g} s"
-            )
 
     def average_gradients(self) -> None:
         """Average the step's gradients across the quorum now, once a step: at the optimizer step,
@@ -498,16 +410,11 @@ class FaultTolerantSession:
         everyone = bool(groups) and len(contributors(summed, groups)) == groups
         self._basis = drawn if committed and everyone and drawn[0] is not None else None
         self._heal.capture_moving(False)
-        if groups:
-            self._note_finished(summed, groups, step)
+        first = self.committed_steps == 0
+        self.membership.note_step(summed, step, committed, first, self._finishing)
         if committed:
-            if self.committed_steps == 0 and self.group_rank == 0:
-                self._group_store(timedelta(seconds=self.config.timeout)).set(_PROGRESS_KEY, "1")
             self.committed_steps += 1
             self._committed_ranks = participants * self.group_world_size
-            if groups:
-                self._note_members(frozenset(contributors(summed, groups)), step)
-                self._writer = checkpoint_writer(summed, groups)
         else:
             self.discarded_steps += 1
             if self.group_rank == 0 and not (self._finishing or self.job_finished):
@@ -549,31 +456,6 @@ class FaultTolerantSession:
             }
         )
         return True
-
-    def _note_finished(self, summed: list[float], groups: int, step: int) -> None:
-        """A step whose rows say some group's script ended: training is over for the job."""
-        done = finished(summed, groups)
-        if not done:
-            return
-        present = set(contributors(summed, groups)) | set(done)
-        self._all_finished = present <= set(done) and len(present) == groups
-        if not self.job_finished and not self._finishing:
-            self.job_finished = True
-            if self.group_rank == 0:
-                names = ", ".join(str(g) for g in done)
-                say(
-                    f"replica group {names} finished its script at step {step}; replica group "
-                    f"{self.config.replica_group} trains no further step (its loops run to their "
-                    "end without drawing batches)"
-                )
-
-    def _note_members(self, members: frozenset[int], step: int) -> None:
-        before, self._members = self._members, members
-        if self.group_rank == 0:
-            for line in membership_reports(
-                before, members, self.config.replica_group, self.config.replica_groups, step
-            ):
-                say(line)
 
     # -- the prepared objects, handed over by the preparer ------------------------------------------
     def attach_model(self, model: torch.nn.Module) -> None:
@@ -787,13 +669,13 @@ class FaultTolerantSession:
         so one writes it: the first group of the last committed step that never restarted
         (`checkpoint_writer`), else the first participant of the last quorum; never a restarted
         group still passing through what the job did before it came back."""
-        if self.catching_up():
-            return False  # the job wrote this checkpoint before this group came back
-        if self._writer is not None:
-            return self._writer == self.config.replica_group
-        if self.committed_steps + self.discarded_steps == 0 and self._view is None:
-            return self.config.replica_group == 0  # no quorum yet: every group holds the start
-        return self.manager.participating_rank() == 0
+
+        def before_any_commit() -> bool:
+            if self.committed_steps + self.discarded_steps == 0 and self._view is None:
+                return self.config.replica_group == 0  # no quorum yet: every group holds the start
+            return self.manager.participating_rank() == 0
+
+        return self.membership.writes_checkpoints(self.catching_up(), before_any_commit)
 
     def finish(self) -> None:
         """This group's script ended: say so to the groups still training, then leave.
@@ -814,9 +696,9 @@ class FaultTolerantSession:
             try:
                 # Bounded: each round ends within the cross-group or the quorum timeout, and the
                 # rounds by the deadline.
-                while not self._all_finished and time.monotonic() < deadline:
+                while not self.membership.all_finished and time.monotonic() < deadline:
                     self.commit()
-                    if not self._all_finished:
+                    if not self.membership.all_finished:
                         time.sleep(0.2)  # a group is missing: its agent may be restarting it
             except Exception as error:  # the others see this group leave instead
                 if self.group_rank == 0:
