@@ -31,11 +31,13 @@ test: $(STAMP)
 
 # The randomized fault campaign of fault tolerance (tests/ft_campaign.py): each run prints its seed and
 # scenario on one line; SEED=S replays one, N draws that many (a failing seed becomes a case of
-# tests/test_fault_campaign.py). Failed runs' folders are kept and named.
+# tests/test_fault_campaign.py); ELASTIC=1 drives the elastic launcher (two local nodes) instead.
+# Failed runs' folders are kept and named.
 SEED ?=
 N ?= 20
+ELASTIC ?=
 campaign: $(STAMP)
-	$(PY) tests/ft_campaign.py $(if $(SEED),--seed $(SEED),--runs $(N)) --keep
+	$(PY) tests/ft_campaign.py $(if $(SEED),--seed $(SEED),--runs $(N)) $(if $(ELASTIC),--elastic) --keep
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or reference.
 # `.venv/bin/mkdocs serve` serves it locally. The variables silence two banners printed by the theme and a plugin.

@@ -21,7 +21,9 @@ The invariants, for every scenario:
   replay's weights at that epoch's end, over the whole eval set.
 
 `python tests/ft_campaign.py --seed S` replays one scenario (`make campaign SEED=S`);
-`python tests/ft_campaign.py --runs N` draws N (`make campaign N=200`). Each run prints its seed and
+`python tests/ft_campaign.py --runs N` draws N (`make campaign N=200`); `--elastic` drives the
+elastic launcher instead (tests/elastic_campaign.py: a stop notice or a join at a random moment,
+either start order, save on one size and resume on the other). Each run prints its seed and
 scenario on one line. A seed that fails becomes a case of tests/test_fault_campaign.py.
 """
 
@@ -349,6 +351,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="scenarios to draw (default 1)")
     parser.add_argument("--first", type=int, default=None, help="the first seed of --runs")
     parser.add_argument("--keep", action="store_true", help="keep the folders of failed runs")
+    parser.add_argument(
+        "--elastic", action="store_true", help="the elastic half (tests/elastic_campaign.py)"
+    )
     args = parser.parse_args()
     if args.seed is not None:
         seeds = [args.seed]
@@ -357,7 +362,12 @@ def main() -> int:
         seeds = list(range(first, first + args.runs))
     failed = []
     for seed in seeds:
-        passed, report = campaign(seed, keep=args.keep)
+        if args.elastic:
+            from elastic_campaign import elastic_campaign  # the launcher's half, on request
+
+            passed, report = elastic_campaign(seed)
+        else:
+            passed, report = campaign(seed, keep=args.keep)
         print(report.splitlines()[0] if passed else report, flush=True)
         if not passed:
             failed.append(seed)

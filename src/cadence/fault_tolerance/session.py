@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -690,6 +691,18 @@ class FaultTolerantSession:
         """
         if self._closed:
             return
+        if self.catching_up():
+            # Its loops stopped before reaching the job's (transformers' Trainer stops at an epoch
+            # that yields nothing): saying "finished" would end the job for every group.
+            self.shutdown()
+            raise RuntimeError(
+                f"replica group {self.config.replica_group}: the script, restarted, ended while "
+                "passing through the epochs the job had finished before the group came back (a "
+                "training loop that stops at an epoch without batches, as transformers' Trainer "
+                "does, cannot be lined up with the job). The group leaves the job; the others go "
+                "on. Write the loop as in docs: Training through failures, 'Scripts as you write "
+                "them'"
+            )
         if self.optimizers and self.config.replica_groups and self.manager.current_step() > 0:
             deadline = time.monotonic() + min(self.config.quorum_timeout, FINISH_WAIT)
             self._finishing = True
@@ -713,7 +726,11 @@ class FaultTolerantSession:
     def _finish_at_exit(self) -> None:
         # Only a script that ended well finishes; one that failed must look lost (and heal).
         if env_text("CADENCE_SCRIPT_EXIT_CODE") == "0":
-            self.finish()
+            try:
+                self.finish()
+            except RuntimeError as error:  # the script's end is not the job's: a failed exit
+                print(f"cadence fault tolerance: {error}", file=sys.stderr, flush=True)
+                os._exit(1)
         elif not self._closed:
             self.shutdown()
 
