@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 
-from ..core.settings import env_text
 from ..runtime.process_group import launcher_store_client
 from .config import FaultToleranceConfig
 from .cross_group import CrossGroupReduce, Finish, StepQuorum
@@ -30,17 +27,16 @@ from .hooks import SessionHook
 from .loader import CursorLoader, StepView
 from .manager_bind import manager_server_bound_to
 from .membership import JobLost, Membership, say
+from .script_side import ScriptSide
 from .step_share import BLOCKS, contributors, finished, finished_row, one_cut, share_row
 from .watchdog import QuorumWatchdog
 
 # torchft keys the Manager writes into the group's store (torchft/manager.py); a restarted group
 # clears them so its other ranks never read the previous incarnation's address.
 _MANAGER_STORE_KEYS = ("manager_addr", "replica_id")
-# How long a group whose script ended waits for lost groups to come back and finish with it.
-FINISH_WAIT = 30.0
 
 
-class FaultTolerantSession:
+class FaultTolerantSession(ScriptSide):
     """This replica group's side of the quorum (see the module docstring).
 
     Args:
@@ -180,11 +176,6 @@ class FaultTolerantSession:
         if self._store is None:
             self._store = launcher_store_client(timedelta(seconds=self.config.timeout))
         return self._store
-
-    @property
-    def job_finished(self) -> bool:
-        """A group's script ended: no group trains past the job's last step (membership.py)."""
-        return self.membership.job_finished
 
     # -- one step -------------------------------------------------------------------------------
     def begin_step(self, after_gradients: bool = False) -> StepView:
@@ -542,36 +533,6 @@ class FaultTolerantSession:
         travels to a healing group."""
         self.schedulers.append(scheduler)
 
-    def wrap_loader(
-        self,
-        data_loader: Any,
-        device: torch.device | None,
-        gradient_state: Any = None,
-        group_loader: Callable[[], Iterable[Any]] | None = None,
-    ) -> CursorLoader:
-        """The exactly-once loader over `data_loader`'s dataset (see loader.py); `group_loader`
-        makes what an evaluation pass iterates (the DataLoader prepared over this group)."""
-        loader = CursorLoader(
-            data_loader,
-            device,
-            self.begin_step,
-            gradient_state,
-            training=self._models_training,
-            finished=lambda: self.job_finished,
-            group_loader=group_loader,
-        )
-        self.loaders.append(loader)
-        return loader
-
-    def _models_training(self) -> bool:
-        """Whether a pass starting now trains: the prepared models are in training mode."""
-        return not self.models or any(model.training for model in self.models)
-
-    def attach_counter(self, counter: Any) -> None:
-        """A counter of the script's progress (with `state_dict` / `load_state_dict`; the
-        accumulation counter): a healing group receives it."""
-        self.counters.append(counter)
-
     def cuts(self, active_loader: Any) -> bool:
         """Whether `active_loader` (the dataloader being iterated) is one of this session's
         exactly-once loaders, whose batches are cut over every group's ranks."""
@@ -657,14 +618,6 @@ class FaultTolerantSession:
             )
         return gathered
 
-    def evaluation_gather(self, gather: Callable[[], Any]) -> Any:
-        """`gather_for_metrics` outside the cursor: in an evaluation pass, kept (or, in a pass a
-        restarted group replays, the job's result); elsewhere `gather()` as it is."""
-        for loader in self.loaders:
-            if loader.evaluating:
-                return loader.evaluation_gather(gather)
-        return gather()
-
     def writes_checkpoints(self) -> bool:
         """Whether this group writes `save_state`: every group holds the same committed state,
         so one writes it: the first group of the last committed step that never restarted
@@ -678,71 +631,11 @@ class FaultTolerantSession:
 
         return self.membership.writes_checkpoints(self.catching_up(), before_any_commit)
 
-    def finish(self) -> None:
-        """This group's script ended: say so to the groups still training, then leave.
-
-        The group takes part in the next steps without contributing (zeros in its gradients' place,
-        a row that says it finished), so a group still training, one that came back and whose own
-        counters lag, stops drawing instead of training alone after the job's last step. It ends
-        when every group of the job has finished, or after `FINISH_WAIT` seconds: a group lost
-        near the end and restarted by its agent heals from it, passes through its script (every
-        training pass yields nothing, every evaluation is replayed) and finishes with the others.
-        Groups that end together spend one all-reduce on it.
-        """
-        if self._closed:
-            return
-        if self.catching_up():
-            # Its loops stopped before reaching the job's (transformers' Trainer stops at an epoch
-            # that yields nothing): saying "finished" would end the job for every group.
-            self.shutdown()
-            raise RuntimeError(
-                f"replica group {self.config.replica_group}: the script, restarted, ended while "
-                "passing through the epochs the job had finished before the group came back (a "
-                "training loop that stops at an epoch without batches, as transformers' Trainer "
-                "does, cannot be lined up with the job). The group leaves the job; the others go "
-                "on. Write the loop as in docs: Training through failures, 'Scripts as you write "
-                "them'"
-            )
-        if self.optimizers and self.config.replica_groups and self.manager.current_step() > 0:
-            deadline = time.monotonic() + min(self.config.quorum_timeout, FINISH_WAIT)
-            self._finishing = True
-            try:
-                # Bounded: each round ends within the cross-group or the quorum timeout, and the
-                # rounds by the deadline.
-                while not self.membership.all_finished and time.monotonic() < deadline:
-                    self.commit()
-                    if not self.membership.all_finished:
-                        time.sleep(0.2)  # a group is missing: its agent may be restarting it
-            except Exception as error:  # the others see this group leave instead
-                if self.group_rank == 0:
-                    say(
-                        f"replica group {self.config.replica_group} could not tell the others it "
-                        f"finished ({error!r}); they see it leave"
-                    )
-            finally:
-                self._finishing = False
-        self.shutdown()
-
-    def _finish_at_exit(self) -> None:
-        # Only a script that ended well finishes; one that failed must look lost (and heal).
-        if env_text("CADENCE_SCRIPT_EXIT_CODE") == "0":
-            try:
-                self.finish()
-            except RuntimeError as error:  # the script's end is not the job's: a failed exit
-                print(f"cadence fault tolerance: {error}", file=sys.stderr, flush=True)
-                os._exit(1)
-        elif not self._closed:
-            self.shutdown()
-
     def shutdown(self) -> None:
         """Leave the quorum: stop this group's torchft servers."""
         self._closed = True
         self._watchdog.disarm()
         self.manager.shutdown(wait=False)
-
-    def catching_up(self) -> bool:
-        """Whether this group's script, restarted, is still passing through what the job did."""
-        return any(loader.behind() for loader in self.loaders)
 
 
 def _always() -> bool:
