@@ -274,7 +274,8 @@ class CursorLoader:
                     "evaluation loop differs from the other groups' (docs: Training through "
                     "failures)"
                 )
-            return self._replay.pop(0)
+            kept = self._replay.pop(0)  # kept on the CPU; returned where batches go, as live
+            return send_to_device(kept, self.device) if self.device is not None else kept
         result = gather()
         self.gathered.setdefault(self.passes, []).append(_kept(result))
         return result
