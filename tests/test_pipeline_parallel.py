@@ -1,0 +1,253 @@
+"""Pipeline parallelism (ParallelismConfig(pp_size=N)) on real gloo processes: the model is cut into
+stages, each process trains only its own on torch's schedule, and the loss on every rank and the
+weights after several AdamW steps equal one process training the same global batches (every pp rank
+reads the same batch: the first stage its inputs, the last its labels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+GLOBAL_BATCH = 16
+FEATURES, WIDTH, OUTPUTS = 6, 8, 2
+MAX_STEPS = 8
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class Net(torch.nn.Module):
+    """Not a Sequential: its forward is its children in order, the list expanded (8 units)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(FEATURES, WIDTH)
+        self.blocks = torch.nn.ModuleList([Block(WIDTH) for _ in range(6)])
+        self.out = torch.nn.Linear(WIDTH, OUTPUTS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+
+def make_model(kind: str = "net") -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "sequential":
+        return torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, WIDTH),
+            *[Block(WIDTH) for _ in range(6)],
+            torch.nn.Linear(WIDTH, OUTPUTS),
+        )
+    return Net()
+
+
+def make_data(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `steps` global batches of one fixed dataset."""
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(MAX_STEPS * GLOBAL_BATCH, FEATURES, generator=generator)
+    y = torch.tanh(x @ torch.randn(FEATURES, OUTPUTS, generator=generator))
+    return x[: steps * GLOBAL_BATCH], y[: steps * GLOBAL_BATCH]
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
+
+
+def reference(steps: int, kind: str = "net", accumulation: int = 1, clip: float | None = None):
+    """One process, plain PyTorch, on the whole global batches: (losses, weights)."""
+    model = make_model(kind)
+    optimizer = make_optimizer(model)
+    x, y = make_data(steps)
+    losses = []
+    for step in range(steps):
+        batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+        loss = loss_fn(model(x[batch]), y[batch])
+        losses.append(loss.item())
+        (loss / accumulation).backward()
+        if (step + 1) % accumulation == 0:
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad()
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train_pp(
+    steps: int,
+    pp_size: int = 2,
+    schedule: str = "1F1B",
+    kind: str = "net",
+    dp_replicate_size: int = 1,
+    dp_shard_size: int = 1,
+    accumulation: int = 1,
+    clip: float | None = None,
+    n_microbatches: int | None = None,
+    split_points=None,
+):
+    """Train through the Accelerator under pp; returns (losses seen on this rank, whole state dict on
+    rank 0, this rank's parameter count, whether its parameters are all DTensors)."""
+    from cadence import Accelerator
+    from cadence.plugins import ParallelismConfig, PipelineParallelConfig
+
+    handler = PipelineParallelConfig(
+        schedule=schedule, n_microbatches=n_microbatches, split_points=split_points, loss_fn=loss_fn
+    )
+    config = ParallelismConfig(
+        pp_size=pp_size,
+        dp_replicate_size=dp_replicate_size,
+        dp_shard_size=dp_shard_size,
+        pp_handler=handler,
+    )
+    acc = Accelerator(parallelism_config=config, gradient_accumulation_steps=accumulation)
+    model = make_model(kind)
+    optimizer = make_optimizer(model)
+    dp = dp_replicate_size * dp_shard_size
+    x, y = make_data(steps)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=GLOBAL_BATCH // dp
+    )
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    losses = []
+    for xb, yb in loader:
+        with acc.accumulate(model):
+            loss = model(xb, labels=yb)
+            acc.backward(loss)
+            losses.append(loss.item())
+            if clip is not None and acc.sync_gradients:
+                acc.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad()
+    from torch.distributed.tensor import DTensor
+
+    local = sum(p.numel() for p in model.parameters())
+    sharded = all(isinstance(p, DTensor) for p in model.parameters())
+    return losses, acc.get_state_dict(model), local, sharded
+
+
+def check_against_reference(results, steps, dp=1, **options):
+    losses, weights = reference(steps, **options)
+    for rank_losses, *_ in results:
+        # with dp replicas, each rank's loss is its replica's share of the batch: compare the mean
+        if dp == 1:
+            assert rank_losses == pytest.approx(losses, abs=1e-5), (rank_losses, losses)
+    state = results[0][1]
+    assert sorted(state) == sorted(weights)
+    worst = max((state[k] - weights[k]).abs().max().item() for k in weights)
+    assert worst < 1e-5, worst
+
+
+@pytest.mark.parametrize(
+    "schedule", ["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"]
+)
+def test_each_schedule_matches_one_process(dist_pool, schedule):
+    results = dist_pool(2).run(train_pp, 4, schedule=schedule, timeout=180)
+    check_against_reference(results, 4)
+
+
+def test_four_stages_and_looped_eight_stages_on_four_processes(dist_pool):
+    pool = dist_pool(4)
+    for schedule in ("1F1B", "Interleaved1F1B"):
+        results = pool.run(
+            train_pp, 4, pp_size=4, schedule=schedule, kind="sequential", timeout=180
+        )
+        check_against_reference(results, 4, kind="sequential")
+
+
+def test_accumulation_clipping_and_split_points(dist_pool):
+    results = dist_pool(2).run(
+        train_pp, 6, accumulation=2, clip=0.05, split_points=["blocks.4"], timeout=180
+    )
+    check_against_reference(results, 6, accumulation=2, clip=0.05)
+    # split after blocks.3: rank 0 holds inp and blocks 0-3, rank 1 blocks 4-5 and out
+    assert [r[2] for r in results] == [56 + 4 * 280, 2 * 280 + 18]
+
+
+@pytest.mark.parametrize("dims", [{"dp_replicate_size": 2}, {"dp_shard_size": 2}], ids=str)
+def test_pipeline_with_data_parallel_on_four_processes(dist_pool, dims):
+    results = dist_pool(4).run(train_pp, 4, accumulation=2, clip=0.05, **dims, timeout=180)
+    check_against_reference(results, 4, dp=2, accumulation=2, clip=0.05)
+    assert all(r[3] for r in results) == ("dp_shard_size" in dims)  # FSDP2 shards each stage
+    # the mesh is (pp, dp), pp outermost: ranks 0 and 1 are the two replicas of stage 0, each
+    # seeing half of every batch, so their losses' mean is the batch's loss
+    reference_losses, _ = reference(4, accumulation=2, clip=0.05)
+    for step, expected in enumerate(reference_losses):
+        halves = [results[0][0][step], results[1][0][step]]
+        assert sum(halves) / 2 == pytest.approx(expected, abs=1e-5)
+
+
+def _prepared(pp_size, schedule="1F1B", dp_shard_size=1):
+    from cadence import Accelerator
+    from cadence.plugins import ParallelismConfig, PipelineParallelConfig
+
+    config = ParallelismConfig(
+        pp_size=pp_size,
+        dp_shard_size=dp_shard_size,
+        pp_handler=PipelineParallelConfig(schedule=schedule, loss_fn=loss_fn),
+    )
+    acc = Accelerator(parallelism_config=config)
+    model = make_model()
+    optimizer = make_optimizer(model)
+    model, optimizer = acc.prepare(model, optimizer)
+    return acc, model, optimizer
+
+
+def _steps(acc, model, optimizer, first, count):
+    x, y = make_data(first + count)
+    for step in range(first, first + count):
+        batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+        acc.backward(model(x[batch], labels=y[batch]))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def save_then_resume(folder, pp_size, schedule, resume_pp_size, resume_schedule):
+    """2 steps, save_state (each stage writes its own part), 2 steps; then a fresh Accelerator on
+    `resume_pp_size` loads the state and trains the same 2 steps."""
+    import torch.distributed as dist
+
+    from cadence.state import reset_state
+
+    acc, model, optimizer = _prepared(pp_size, schedule)
+    _steps(acc, model, optimizer, 0, 2)
+    acc.save_state(folder)
+    _steps(acc, model, optimizer, 2, 2)
+    straight = acc.get_state_dict(model)
+    reset_state()
+    dist.barrier()
+    acc, model, optimizer = _prepared(resume_pp_size, resume_schedule)
+    acc.load_state(folder)
+    _steps(acc, model, optimizer, 2, 2)
+    return straight, acc.get_state_dict(model)
+
+
+@pytest.mark.parametrize(
+    "resume", [("1F1B", 2, "1F1B"), ("GPipe", 2, "Interleaved1F1B")], ids=["same", "resplit"]
+)
+def test_save_state_per_stage_and_resume(dist_pool, tmp_path, resume):
+    schedule, resume_pp, resume_schedule = resume
+    results = dist_pool(2).run(
+        save_then_resume,
+        str(tmp_path / "ckpt"),
+        2,
+        schedule,
+        resume_pp,
+        resume_schedule,
+        timeout=180,
+    )
+    straight, resumed = results[0]
+    _, weights = reference(4)
+    for state in (straight, resumed):
+        assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
