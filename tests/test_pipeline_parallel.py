@@ -251,3 +251,182 @@ def test_save_state_per_stage_and_resume(dist_pool, tmp_path, resume):
     _, weights = reference(4)
     for state in (straight, resumed):
         assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
+
+
+def make_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def llama_batches(steps: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(7)
+    return torch.randint(0, 64, (steps, GLOBAL_BATCH // 2, 8), generator=generator)
+
+
+def train_llama_pp(steps: int, pp_size: int, schedule: str):
+    """A tiny transformers Llama under pp, its loss computed by the default causal LM loss."""
+    from cadence import Accelerator
+    from cadence.plugins import ParallelismConfig, PipelineParallelConfig
+
+    config = ParallelismConfig(
+        pp_size=pp_size, pp_handler=PipelineParallelConfig(schedule=schedule)
+    )
+    acc = Accelerator(parallelism_config=config)
+    model = make_llama()
+    optimizer = make_optimizer(model)
+    model, optimizer = acc.prepare(model, optimizer)
+    losses = []
+    for ids in llama_batches(steps):
+        outputs = model(input_ids=ids, labels=ids, attention_mask=torch.ones_like(ids))
+        acc.backward(outputs.loss)
+        losses.append(outputs.loss.item())
+        acc.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    try:
+        getattr(outputs, "logits")  # noqa: B009 - the attribute read is what is tested
+    except AttributeError as error:
+        refusal = str(error)
+    return losses, acc.get_state_dict(model), refusal
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
+def test_tiny_llama_matches_one_process(dist_pool, schedule):
+    pytest.importorskip("transformers")
+    results = dist_pool(2).run(train_llama_pp, 3, 2, schedule, timeout=180)
+    model = make_llama()
+    optimizer = make_optimizer(model)
+    losses = []
+    for ids in llama_batches(3):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    for rank_losses, _, refusal in results:
+        assert rank_losses == pytest.approx(losses, abs=1e-5)
+        assert "returns only the loss, not 'logits'" in refusal
+    state, weights = results[0][1], model.state_dict()
+    assert sorted(state) == sorted(weights)
+    assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda c: c.ParallelismConfig(pp_size=2, tp_size=2), "cannot be combined with tensor"),
+        (lambda c: c.ParallelismConfig(pp_size=2, cp_size=2, dp_shard_size=2), "with context"),
+        (lambda c: c.ParallelismConfig(pp_size=0), "pp_size must be an integer"),
+        (lambda c: c.PipelineParallelConfig(schedule="Zigzag"), "Unknown pipeline schedule"),
+        (
+            lambda c: c.PipelineParallelConfig(schedule="GPipe", stages_per_process=2),
+            "runs one stage per process",
+        ),
+        (
+            lambda c: c.PipelineParallelConfig(schedule="ZBVZeroBubble", stages_per_process=3),
+            "exactly 2 stages per process",
+        ),
+        (lambda c: c.PipelineParallelConfig(split_points="layers.4"), "list of module names"),
+        (
+            lambda c: c.ParallelismConfig(
+                pp_size=2, pp_handler=c.PipelineParallelConfig(split_points=["a", "b"])
+            ),
+            "needs 2 stages, so 1 split points",
+        ),
+        (
+            lambda c: c.ParallelismConfig(
+                pp_size=4, pp_handler=c.PipelineParallelConfig(n_microbatches=2)
+            ),
+            "at least as many micro-batches as stages",
+        ),
+        (
+            lambda c: c.ParallelismConfig(
+                pp_size=2, pp_handler=c.PipelineParallelConfig("Interleaved1F1B", n_microbatches=3)
+            ),
+            "multiple of pp_size",
+        ),
+    ],
+)
+def test_config_refusals(make, message):
+    import cadence.plugins as plugins
+
+    with pytest.raises(ValueError, match=message):
+        make(plugins)
+
+
+def test_sizes_must_multiply_to_the_world_size():
+    from cadence.core.enums import DistributedType
+    from cadence.plugins import ParallelismConfig
+
+    config = ParallelismConfig(pp_size=2, dp_shard_size=2)
+    assert config.total_size == 4 and config.active_mesh_dims == ["pp", "dp_shard"]
+    assert config.to_json()["pp_handler"]["schedule"] == "1F1B"
+    with pytest.raises(ValueError, match=r"total_size \(4 = pp 2 x"):
+        config.validate(2, DistributedType.MULTI_CPU, False, True)
+
+
+def refusals_on_two_processes():
+    """Each bad use, refused in words on every rank; returns the messages in order."""
+    from cadence import Accelerator
+    from cadence.plugins import ParallelismConfig, PipelineParallelConfig
+    from cadence.state import reset_state
+
+    def attempt(action):
+        try:
+            action()
+        except (ValueError, TypeError) as error:
+            return str(error)
+        return "no error"
+
+    def accelerator(**options):
+        reset_state()  # each attempt with its own configuration
+        handler = PipelineParallelConfig(**options)
+        return Accelerator(parallelism_config=ParallelismConfig(pp_size=2, pp_handler=handler))
+
+    messages = [attempt(lambda: accelerator().prepare(make_model()))]  # no loss function
+    tied = torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH)
+    )
+    tied[2].weight = tied[0].weight
+    messages.append(attempt(lambda: accelerator(loss_fn=loss_fn).prepare(tied)))
+    messages.append(
+        attempt(
+            lambda: accelerator(loss_fn=loss_fn, split_points=["blocks.9"]).prepare(make_model())
+        )
+    )
+    acc = accelerator(loss_fn=loss_fn)
+    model = acc.prepare(make_model())
+    x, y = make_data(1)
+    messages.append(attempt(lambda: model(x)))  # no labels
+    messages.append(attempt(lambda: model(x[:3], labels=y[:3])))  # 3 samples, 2 micro-batches
+    messages.append(attempt(lambda: acc.backward(x.sum() * torch.ones((), requires_grad=True))))
+    return messages
+
+
+def test_refusals_on_two_processes(dist_pool):
+    results = dist_pool(2).run(refusals_on_two_processes, timeout=120)
+    expected = [
+        "the last stage computes the loss",
+        "is tied to",
+        "split_points names 'blocks.9'",
+        "computes the loss itself",
+        "does not divide into 2 equal micro-batches",
+        "already ran the backward pass",
+    ]
+    for rank, messages in enumerate(results):
+        assert len(messages) == len(expected)
+        for message, words in zip(messages, expected):
+            assert words in message and f"[rank {rank}]" in message, message

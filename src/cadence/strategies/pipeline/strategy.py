@@ -22,6 +22,7 @@ from ..grad_norm import clip_grad_norm_global
 from ..mesh import device_mesh
 from ..param_remap import named_parameters
 from ..sharded import ShardedStrategy
+from .checkpoint import load_optimizers, save_optimizers
 from .model import PipelinedModel, PipelineRanks, StageLoss
 from .split import (
     balanced_decoder_partition,
@@ -250,7 +251,6 @@ class PipelineStrategy(ShardedStrategy):
     ) -> list[str]:
         """Each stage writes its own part: the models through the sharded layout, the optimizers with
         their parameter groups made the same on every stage (pipeline/checkpoint.py). Collective."""
-        from .checkpoint import save_optimizers
 
         written = super().save_sharded_state(
             directory, models, [], full=False, first_index=first_index
@@ -270,7 +270,6 @@ class PipelineStrategy(ShardedStrategy):
         optimizer_models: Sequence[Any] | None = None,
     ) -> None:
         """Load what `save_sharded_state` wrote, on this split or another one. Collective."""
-        from .checkpoint import load_optimizers
 
         super().load_sharded_state(
             directory, models, [], open_file, full=False, first_index=first_index
