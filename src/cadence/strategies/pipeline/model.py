@@ -104,6 +104,7 @@ class PipelinedModel(torch.nn.Module):
         sync_gradients: Callable[[], bool],
         transformers_output: bool,
         device: torch.device,
+        evaluates: bool = True,
     ) -> None:
         super().__init__()
         self.module = module
@@ -117,6 +118,7 @@ class PipelinedModel(torch.nn.Module):
         self._sync_gradients = sync_gradients
         self._transformers_output = transformers_output
         self._device = device
+        self._evaluates = evaluates
 
     # -- the schedule-driven forward ----------------------------------------------------------------
     def forward(self, *args: Any, labels: Any = None, **kwargs: Any) -> Any:
@@ -151,6 +153,12 @@ class PipelinedModel(torch.nn.Module):
         if isinstance(labels, torch.Tensor):
             labels = labels.to(self._device)
         training = torch.is_grad_enabled()
+        if not training and not self._evaluates:
+            raise ValueError(
+                f"{rank_prefix()}The ZBVZeroBubble schedule cannot evaluate under torch.no_grad() "
+                "(torch's forward-only run of it still schedules backward actions): evaluate with "
+                "another schedule, or with the model before prepare()."
+            )
         self._loss.scale = self._n_microbatches * (self._accumulation_steps() if training else 1)
         self._loss.raw = []
         inputs = args if ranks.has_first else ()

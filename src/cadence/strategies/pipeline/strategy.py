@@ -188,6 +188,7 @@ class PipelineStrategy(ShardedStrategy):
             sync_gradients=lambda: gradient_state.sync_gradients,
             transformers_output=hasattr(model, "config") and decoder_layout(model) is not None,
             device=device,
+            evaluates=not v_shape,
         )
 
     # -- the training step --------------------------------------------------------------------------
