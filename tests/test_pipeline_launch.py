@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from cadence.launch.args import build_launch_parser
 from cadence.launch.plan import LaunchPlanError, build_plan
@@ -76,29 +77,68 @@ SCRIPT = textwrap.dedent(
     acc = Accelerator(parallelism_config=config)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    model = acc.prepare(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model, optimizer = acc.prepare(model, optimizer)
     x, y = torch.randn(8, 4), torch.randn(8, 1)
-    loss = model(x, labels=y)
-    print(f"rank {acc.process_index} pp {config.pp_size} {config.pp_handler.schedule} loss {loss.item():.6f}")
+    losses = []
+    for _ in range(3):
+        loss = model(x, labels=y)
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(f"{loss.item():.6f}")
+    print(f"rank {acc.process_index} on {acc.device.type} pp {config.pp_size} "
+          f"{config.pp_handler.schedule} losses {' '.join(losses)}")
     acc.end_training()
     """
 )
 
 
-def test_a_real_launch_trains_a_pipeline(tmp_path):
-    import torch
+def expected_losses() -> str:
+    """The same 3 steps in one process, plain PyTorch on the CPU."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    losses = []
+    for _ in range(3):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
 
+
+def launch(tmp_path, *flags):
     script = tmp_path / "pp.py"
     script.write_text(SCRIPT)
     result = subprocess.run(
-        [*CADENCE, "launch", "--cpu", "--num_processes", "2", "--parallelism_config_pp_size", "2",
+        [*CADENCE, "launch", *flags, "--num_processes", "2", "--parallelism_config_pp_size", "2",
          "--parallelism_config_pp_schedule", "gpipe", str(script)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    x, y = torch.randn(8, 4), torch.randn(8, 1)
-    expected = torch.nn.functional.mse_loss(model(x), y).item()
+    lines = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("rank "):
+            words = line.split()
+            lines[int(words[1])] = (words[3], words[5], words[6], [float(v) for v in words[8:]])
+    return lines
+
+
+def test_a_real_launch_trains_a_pipeline_on_gloo(tmp_path):
+    lines = launch(tmp_path, "--cpu")
     for rank in (0, 1):
-        assert f"rank {rank} pp 2 GPipe loss {expected:.6f}" in result.stdout, result.stdout
+        device, size, schedule, losses = lines[rank]
+        assert (device, size, schedule) == ("cpu", "2", "GPipe")
+        assert losses == pytest.approx(expected_losses(), abs=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two NVIDIA GPUs (NCCL)")
+def test_a_real_launch_trains_a_pipeline_on_nccl(tmp_path):
+    lines = launch(tmp_path)
+    for rank in (0, 1):
+        device, size, schedule, losses = lines[rank]
+        assert (device, size, schedule) == ("cuda", "2", "GPipe")
+        assert losses == pytest.approx(expected_losses(), abs=1e-4)

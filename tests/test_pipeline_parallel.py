@@ -263,6 +263,7 @@ def save_then_resume(folder, pp_size, schedule, resume_pp_size, resume_schedule)
     acc.save_state(folder)
     _steps(acc, model, optimizer, 2, 2)
     straight = acc.get_state_dict(model)
+    acc.save_model(model, folder + "-model")  # the whole model's safetensors, from every stage
     reset_state()
     dist.barrier()
     acc, model, optimizer = _prepared(resume_pp_size, resume_schedule)
@@ -287,8 +288,20 @@ def test_save_state_per_stage_and_resume(dist_pool, tmp_path, resume):
     )
     straight, resumed = results[0]
     _, weights, _ = reference(4)
-    for state in (straight, resumed):
+    from safetensors.torch import load_file
+
+    saved_model = load_file(str(tmp_path / "ckpt-model" / "model.safetensors"))
+    for state in (straight, resumed, saved_model):
+        assert sorted(state) == sorted(weights)
         assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
+    # the stages' parts of the checkpoint merge into the whole model as it was after 2 steps
+    from cadence.checkpointing.merge import merge_fsdp_weights
+
+    merge_fsdp_weights(str(tmp_path / "ckpt" / "pytorch_model_fsdp_0"), str(tmp_path / "merged"))
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    _, after_two, _ = reference(2)
+    assert sorted(merged) == sorted(after_two)
+    assert max((merged[k] - after_two[k]).abs().max().item() for k in after_two) < 1e-5
 
 
 def make_llama():
