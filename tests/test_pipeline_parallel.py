@@ -481,3 +481,72 @@ def test_refusals_on_two_processes(dist_pool):
         assert len(messages) == len(expected)
         for message, words in zip(messages, expected):
             assert words in message and f"[rank {rank}]" in message, message
+
+
+def meta_model_loads_a_checkpoint(folder):
+    """A model built with init_empty_weights gets real weights for this process's stages only; after
+    load_state of a checkpoint written after 2 steps it trains on as one process does."""
+    import torch.distributed as dist
+
+    from cadence import init_empty_weights
+    from cadence.state import reset_state
+
+    acc, model, optimizer = _prepared(2)
+    _steps(acc, model, optimizer, 0, 2)
+    acc.save_state(folder)
+    reset_state()
+    dist.barrier()
+    from cadence import Accelerator
+    from cadence.plugins import ParallelismConfig, PipelineParallelConfig
+
+    config = ParallelismConfig(pp_size=2, pp_handler=PipelineParallelConfig(loss_fn=loss_fn))
+    acc = Accelerator(parallelism_config=config)
+    with init_empty_weights():
+        model = make_model()
+    optimizer = make_optimizer(model)  # built on the meta parameters, as a script would
+    whole = sum(p.numel() for p in model.parameters())
+    model, optimizer = acc.prepare(model, optimizer)
+    real = sum(p.numel() for p in model.parameters() if not p.is_meta)
+    in_optimizer = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+    acc.load_state(folder)
+    _steps(acc, model, optimizer, 2, 2)
+    return whole, real, in_optimizer, acc.get_state_dict(model)
+
+
+def test_a_meta_device_model_builds_only_its_stages(dist_pool, tmp_path):
+    results = dist_pool(2).run(meta_model_loads_a_checkpoint, str(tmp_path / "init"), timeout=180)
+    _, weights, _ = reference(4)
+    for whole, real, in_optimizer, _ in results:
+        assert real == in_optimizer < whole  # this rank's stages only, and the optimizer follows
+    assert results[0][1] + results[1][1] == results[0][0]
+    state = results[0][3]
+    assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
+
+
+def meta_llama_trains():
+    from cadence import Accelerator, init_empty_weights
+    from cadence.plugins import ParallelismConfig
+
+    acc = Accelerator(parallelism_config=ParallelismConfig(pp_size=2))
+    with init_empty_weights(include_buffers=True):  # the rotary frequencies on meta too
+        model = make_llama()
+    optimizer = make_optimizer(model)
+    model, optimizer = acc.prepare(model, optimizer)
+    ids = llama_batches(1)[0]
+    losses = []
+    for _ in range(2):
+        loss = model(input_ids=ids, labels=ids).loss
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, any(p.is_meta for p in model.parameters())
+
+
+def test_a_meta_device_llama_is_initialized_per_stage(dist_pool):
+    pytest.importorskip("transformers")
+    results = dist_pool(2).run(meta_llama_trains, timeout=180)
+    for losses, meta in results:
+        assert not meta and losses == results[0][0]
+        # a fresh initialization predicts about uniformly over the 64 tokens, then learns
+        assert abs(losses[0] - torch.log(torch.tensor(64.0)).item()) < 0.2 and losses[1] < losses[0]

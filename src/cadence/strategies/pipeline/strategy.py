@@ -23,6 +23,7 @@ from ..mesh import device_mesh
 from ..param_remap import named_parameters
 from ..sharded import ShardedStrategy
 from .checkpoint import load_optimizers, save_optimizers
+from .materialize import has_meta, materialize, rebuild_rotary
 from .model import PipelinedModel, PipelineRanks, StageLoss
 from .split import (
     balanced_decoder_partition,
@@ -101,15 +102,22 @@ class PipelineStrategy(ShardedStrategy):
             )
         v_shape = handler.schedule == "ZBVZeroBubble"
         mine = stage_indices(pp_rank, pp_size, handler.stages_per_process, v_shape)
-        _check_materialized(model, [stage_units[i] for i in mine])
         for index, units in enumerate(stage_units):
             if index not in mine:
                 for name in units:  # other processes' stages: their weights are freed here
                     model.get_submodule(name).to("meta")
+        device = self.context.device
+        if layout is not None and layout.rotary is not None:
+            rebuild_rotary(model, layout.rotary, device)
         stages = [build_stage(model, stage_units[i], layout) for i in mine]
+        before = [named_parameters(stage) for stage in stages]
+        if has_meta(stages):  # built with init_empty_weights: only this process's stages get memory
+            materialize(model, stages, device)
         for stage in stages:
-            stage.to(self.context.device)
+            stage.to(device)
         self._shard_stages(stages)
+        for stage, names in zip(stages, before):  # the optimizer holds the parameters of `before`
+            self.remap.record(names, named_parameters(stage))
         for stage in stages:
             self.precision.wrap_forward(stage)
         return self._pipelined(model, stages, stage_units, mine, loss_fn, pp_mesh, v_shape)
@@ -122,13 +130,11 @@ class PipelineStrategy(ShardedStrategy):
 
         mesh = device_mesh(self.config, self.context.device)[tuple(self.config.fsdp_dim_names)]
         for stage in stages:
-            before = named_parameters(stage)
             for unit_name in stage._unit_names:
                 unit = stage.get_submodule(unit_name)
                 if any(True for _ in unit.parameters()):
                     fully_shard(unit, mesh=mesh)
             fully_shard(stage, mesh=mesh, reshard_after_forward=False)
-            self.remap.record(before, named_parameters(stage))
 
     def _pipelined(
         self,
@@ -322,15 +328,3 @@ def _check_covered(model: torch.nn.Module, stage_units: Sequence[Sequence[str]])
                 "units (children in order, lists expanded), and this tensor is outside it. Move it into "
                 "a submodule, or split an nn.Sequential."
             )
-
-
-def _check_materialized(model: torch.nn.Module, mine: Sequence[Sequence[str]]) -> None:
-    """Refuse weights still on the meta device in this process's stages (their values are unknown)."""
-    for units in mine:
-        for unit in units:
-            for name, param in model.get_submodule(unit).named_parameters():
-                if param.is_meta:
-                    raise ValueError(
-                        f"{rank_prefix()}{unit}.{name} is on the meta device: Cadence cannot initialize "
-                        "a pipeline stage's weights itself yet. Load the weights before prepare()."
-                    )
