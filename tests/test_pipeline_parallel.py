@@ -24,7 +24,10 @@ class Block(torch.nn.Module):
 
 
 class Net(torch.nn.Module):
-    """Not a Sequential: its forward is its children in order, the list expanded (8 units)."""
+    """Not a Sequential: its forward is its children in order, the list expanded (8 units).
+    `tp_plan` splits each block's two layers (pp x tp)."""
+
+    tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,6 +109,7 @@ def train_pp(
     kind: str = "net",
     dp_replicate_size: int = 1,
     dp_shard_size: int = 1,
+    tp_size: int = 1,
     accumulation: int = 1,
     clip: float | None = None,
     n_microbatches: int | None = None,
@@ -113,7 +117,7 @@ def train_pp(
     mixed_precision: str = "no",
 ):
     """Train through the Accelerator under pp; returns (losses seen on this rank, whole state dict on
-    rank 0, this rank's parameter count, whether its parameters are all DTensors, its first batch's
+    rank 0, this rank's parameter count, (its DTensor parameters, its parameters), its first batch's
     loss evaluated under no_grad after training)."""
     from cadence import Accelerator
     from cadence.plugins import ParallelismConfig, PipelineParallelConfig
@@ -125,6 +129,7 @@ def train_pp(
         pp_size=pp_size,
         dp_replicate_size=dp_replicate_size,
         dp_shard_size=dp_shard_size,
+        tp_size=tp_size,
         pp_handler=handler,
     )
     acc = Accelerator(
@@ -159,7 +164,8 @@ def train_pp(
     from torch.distributed.tensor import DTensor
 
     local = sum(p.numel() for p in model.parameters())
-    sharded = all(isinstance(p, DTensor) for p in model.parameters())
+    params = list(model.parameters())
+    sharded = (sum(isinstance(p, DTensor) for p in params), len(params))
     return losses, acc.get_state_dict(model), local, sharded, evaluated
 
 
@@ -213,11 +219,19 @@ def test_accumulation_clipping_and_split_points(dist_pool):
     assert [r[2] for r in results] == [56 + 4 * 280, 2 * 280 + 18]
 
 
+def test_pipeline_with_tensor_parallel_on_four_processes(dist_pool):
+    results = dist_pool(4).run(train_pp, 4, tp_size=2, accumulation=2, clip=0.05, timeout=180)
+    check_against_reference(results, 4, accumulation=2, clip=0.05)
+    for *_, (dtensors, count), _ in results:  # the blocks' layers split; the input and output whole
+        assert 0 < dtensors < count
+
+
 @pytest.mark.parametrize("dims", [{"dp_replicate_size": 2}, {"dp_shard_size": 2}], ids=str)
 def test_pipeline_with_data_parallel_on_four_processes(dist_pool, dims):
     results = dist_pool(4).run(train_pp, 4, accumulation=2, clip=0.05, **dims, timeout=180)
     check_against_reference(results, 4, dp=2, accumulation=2, clip=0.05)
-    assert all(r[3] for r in results) == ("dp_shard_size" in dims)  # FSDP2 shards each stage
+    for *_, (dtensors, count), _ in results:  # FSDP2 shards each stage
+        assert dtensors == (count if "dp_shard_size" in dims else 0)
     # the mesh is (pp, dp), pp outermost: ranks 0 and 1 are the two replicas of stage 0, each
     # seeing half of every batch, so their losses' mean is the batch's loss
     reference_losses, _, _ = reference(4, accumulation=2, clip=0.05)
@@ -378,7 +392,7 @@ def test_tiny_llama_matches_one_process(dist_pool, schedule):
 @pytest.mark.parametrize(
     "make,message",
     [
-        (lambda c: c.ParallelismConfig(pp_size=2, tp_size=2), "cannot be combined with tensor"),
+        (lambda c: c.ParallelismConfig(pp_size=2, sp_size=2), "cannot be combined with sequence"),
         (lambda c: c.ParallelismConfig(pp_size=2, cp_size=2, dp_shard_size=2), "with context"),
         (lambda c: c.ParallelismConfig(pp_size=0), "pp_size must be an integer"),
         (lambda c: c.PipelineParallelConfig(schedule="Zigzag"), "Unknown pipeline schedule"),

@@ -161,15 +161,15 @@ class ParallelismConfig:
             are exchanged); created with defaults when `cp_size > 1`.
         sp_handler (DeepSpeedSequenceParallelConfig | None): Sequence-parallel options.
         pp_size (int | None): Pipeline-parallel degree (Cadence only): processes the model's stages
-            are spread over, outermost in the mesh. Above 1 it composes with dp_replicate and
-            dp_shard; with tp, cp or sp it is refused.
+            are spread over, outermost in the mesh. Above 1 it composes with dp_replicate, dp_shard
+            and tp; with cp or sp it is refused.
         pp_handler (PipelineParallelConfig | None): Pipeline options (schedule, micro-batches,
             stages per process, split points, loss); created with defaults when `pp_size > 1`.
 
     Raises:
         ValueError: A size below 1 or not an integer; both `cp_size` and `sp_size` above 1; tensor or
             context parallelism with pure replication (`dp_replicate_size > 1`, `dp_shard_size == 1`);
-            `pp_size > 1` with tp, cp or sp;
+            `pp_size > 1` with cp or sp;
             and, when the Accelerator starts, sizes whose product is not the number of processes.
 
     Example:
@@ -249,14 +249,14 @@ class ParallelismConfig:
                 f"pp_size > 1 needs pp_handler=PipelineParallelConfig(...), got "
                 f"{type(self.pp_handler).__name__}."
             )
-        for name, what in (("tp", "tensor"), ("cp", "context"), ("sp", "sequence")):
+        for name, what in (("cp", "context"), ("sp", "sequence")):
             size = getattr(self, f"{name}_size")
             if size > 1:
                 # Refused rather than run approximately: Cadence has no test of these meshes yet.
                 raise ValueError(
                     f"Pipeline parallelism (pp_size={self.pp_size}) cannot be combined with {what} "
                     f"parallelism ({name}_size={size}) in Cadence yet: set one of them to 1 "
-                    "(pp composes with dp_replicate_size and dp_shard_size)."
+                    "(pp composes with dp_replicate_size, dp_shard_size and tp_size)."
                 )
         self.pp_handler.check_against(self.pp_size)
 

@@ -2,9 +2,10 @@
 builds and trains only its own, and torch's schedule (`torch.distributed.pipelining`) moves the
 micro-batches between them.
 
-Composition: with `dp_shard_size > 1` each stage is sharded with FSDP2 over its `dp_shard` ranks (with
+Composition: with `tp_size > 1` each stage's layers are split by the tensor parallel plan; with
+`dp_shard_size > 1` each stage is then sharded with FSDP2 over its `dp_shard` ranks (with
 `dp_replicate_size > 1` too, HSDP); with `dp_replicate_size > 1` alone, each stage's gradients are
-averaged over its replicas when a step synchronises. tp, cp and sp are refused by the config.
+averaged over its replicas when a step synchronises. cp and sp are refused by the config.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ...core.enums import DistributedType
 from ...core.input_errors import rank_prefix, with_rank
 from ...runtime.state import GradientState
 from ..grad_norm import clip_grad_norm_global
-from ..mesh import device_mesh
+from ..mesh import check_plan, device_mesh, parallel_style, tensor_parallel_plan, tp_mesh
 from ..param_remap import named_parameters
 from ..sharded import ShardedStrategy
 from .checkpoint import load_optimizers, save_optimizers
@@ -93,6 +94,7 @@ class PipelineStrategy(ShardedStrategy):
             stage_units = partition(chain_units(model), total, handler.split_points)
         _check_covered(model, stage_units)
         check_untied(model, stage_units)
+        plan = self._tensor_parallel_plan(model)
         loss_fn = handler.loss_fn or (causal_lm_loss if layout is not None else None)
         if loss_fn is None:
             raise ValueError(
@@ -115,12 +117,50 @@ class PipelineStrategy(ShardedStrategy):
             materialize(model, stages, device)
         for stage in stages:
             stage.to(device)
+        self._split_tensors(stages, plan)
         self._shard_stages(stages)
         for stage, names in zip(stages, before):  # the optimizer holds the parameters of `before`
             self.remap.record(names, named_parameters(stage))
         for stage in stages:
             self.precision.wrap_forward(stage)
         return self._pipelined(model, stages, stage_units, mine, loss_fn, pp_mesh, v_shape)
+
+    def _tensor_parallel_plan(self, model: torch.nn.Module) -> dict[str, Any] | None:
+        """tp_size > 1: the plan, checked against the whole model (every entry must name a module)."""
+        if not self.config.tp_enabled:
+            return None
+        plan = tensor_parallel_plan(self.context, model)
+        if plan is None or not isinstance(plan, dict):
+            raise ValueError(
+                f"{rank_prefix()}pp_size={self.config.pp_size} with tp_size={self.config.tp_size} needs "
+                "a tensor parallel plan given as a dict of module names (applied stage by stage): "
+                "ParallelismConfig(tp_handler=TorchTensorParallelConfig(tp_plan={...})) or the "
+                "model's `tp_plan`; a callable plan cannot be cut into stages."
+            )
+        check_plan(model, plan)
+        return plan
+
+    def _split_tensors(
+        self, stages: Sequence[torch.nn.Module], plan: dict[str, Any] | None
+    ) -> None:
+        """tp_size > 1: each stage's layers split over the `tp` ranks by the entries of the plan that
+        name its modules (the stages keep the model's names, so the plan's names apply as they are)."""
+        if plan is None:
+            return
+        import fnmatch
+
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        mesh = tp_mesh(self.context)
+        for stage in stages:
+            names = [name for name, _ in stage.named_modules() if name]
+            mine = {
+                pattern: parallel_style(style)
+                for pattern, style in plan.items()
+                if any(fnmatch.fnmatchcase(name, pattern) for name in names)
+            }
+            if mine:
+                parallelize_module(stage, mesh, mine)
 
     def _shard_stages(self, stages: Sequence[torch.nn.Module]) -> None:
         """dp_shard_size > 1: FSDP2 on each unit of each stage, then on the stage itself."""
