@@ -72,17 +72,26 @@ def make_optimizer(model: torch.nn.Module, sgd: bool = False) -> torch.optim.Opt
     return torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
 
 
+def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    """The learning rate falls by a quarter at every optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.75**step)
+
+
 def reference(
     steps: int,
     kind: str = "net",
     accumulation: int = 1,
     clip: float | None = None,
     mixed_precision: str = "no",
+    dp: int = 1,
 ):
     """One process, plain PyTorch, on the whole global batches: (losses, weights, the first batch's
-    loss evaluated after training)."""
+    loss evaluated after training). The scheduler advances `dp` steps per optimizer step, as a
+    prepared one does over `dp` data-parallel replicas (Accelerate's rule: each replica's batch is
+    the batch the schedule was written for)."""
     model = make_model(kind)
     optimizer = make_optimizer(model, sgd=mixed_precision == "bf16")
+    scheduler = make_scheduler(optimizer)
     x, y = make_data(steps)
     losses = []
     for step in range(steps):
@@ -96,6 +105,8 @@ def reference(
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
+            for _ in range(dp):
+                scheduler.step()
             optimizer.zero_grad()
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=mixed_precision == "bf16"):
         evaluated = loss_fn(model(x[:GLOBAL_BATCH]).float(), y[:GLOBAL_BATCH]).item()
@@ -144,7 +155,8 @@ def train_pp(
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(x, y), batch_size=GLOBAL_BATCH // dp
     )
-    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    scheduler = make_scheduler(optimizer)
+    model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
     losses, first = [], None
     for xb, yb in loader:
         first = first or (xb, yb)
@@ -155,6 +167,7 @@ def train_pp(
             if clip is not None and acc.sync_gradients:
                 acc.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
+            scheduler.step()  # advances once per optimizer step and data-parallel replica
             optimizer.zero_grad()
     try:
         with torch.no_grad():  # the schedule's forward only
@@ -170,7 +183,7 @@ def train_pp(
 
 
 def check_against_reference(results, steps, dp=1, tolerance=1e-5, **options):
-    losses, weights, evaluated = reference(steps, **options)
+    losses, weights, evaluated = reference(steps, dp=dp, **options)
     for rank_losses, _, _, _, rank_evaluated in results:
         # with dp replicas, each rank's loss is its replica's share of the batch (checked apart)
         if dp == 1:
@@ -234,7 +247,7 @@ def test_pipeline_with_data_parallel_on_four_processes(dist_pool, dims):
         assert dtensors == (count if "dp_shard_size" in dims else 0)
     # the mesh is (pp, dp), pp outermost: ranks 0 and 1 are the two replicas of stage 0, each
     # seeing half of every batch, so their losses' mean is the batch's loss
-    reference_losses, _, _ = reference(4, accumulation=2, clip=0.05)
+    reference_losses, _, _ = reference(4, accumulation=2, clip=0.05, dp=2)
     for step, expected in enumerate(reference_losses):
         halves = [results[0][0][step], results[1][0][step]]
         assert sum(halves) / 2 == pytest.approx(expected, abs=1e-5)
@@ -252,16 +265,17 @@ def _prepared(pp_size, schedule="1F1B", dp_shard_size=1):
     acc = Accelerator(parallelism_config=config)
     model = make_model()
     optimizer = make_optimizer(model)
-    model, optimizer = acc.prepare(model, optimizer)
-    return acc, model, optimizer
+    return acc, acc.prepare(model, optimizer, make_scheduler(optimizer))
 
 
-def _steps(acc, model, optimizer, first, count):
+def _steps(acc, objects, first, count):
+    model, optimizer, scheduler = objects
     x, y = make_data(first + count)
     for step in range(first, first + count):
         batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
         acc.backward(model(x[batch], labels=y[batch]))
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad()
 
 
@@ -272,18 +286,18 @@ def save_then_resume(folder, pp_size, schedule, resume_pp_size, resume_schedule)
 
     from cadence.state import reset_state
 
-    acc, model, optimizer = _prepared(pp_size, schedule)
-    _steps(acc, model, optimizer, 0, 2)
+    acc, objects = _prepared(pp_size, schedule)
+    _steps(acc, objects, 0, 2)
     acc.save_state(folder)
-    _steps(acc, model, optimizer, 2, 2)
-    straight = acc.get_state_dict(model)
-    acc.save_model(model, folder + "-model")  # the whole model's safetensors, from every stage
+    _steps(acc, objects, 2, 2)
+    straight = acc.get_state_dict(objects[0])
+    acc.save_model(objects[0], folder + "-model")  # the whole model's safetensors, from every stage
     reset_state()
     dist.barrier()
-    acc, model, optimizer = _prepared(resume_pp_size, resume_schedule)
+    acc, objects = _prepared(resume_pp_size, resume_schedule)
     acc.load_state(folder)
-    _steps(acc, model, optimizer, 2, 2)
-    return straight, acc.get_state_dict(model)
+    _steps(acc, objects, 2, 2)
+    return straight, acc.get_state_dict(objects[0])
 
 
 @pytest.mark.parametrize(
@@ -505,8 +519,8 @@ def meta_model_loads_a_checkpoint(folder):
     from cadence import init_empty_weights
     from cadence.state import reset_state
 
-    acc, model, optimizer = _prepared(2)
-    _steps(acc, model, optimizer, 0, 2)
+    acc, objects = _prepared(2)
+    _steps(acc, objects, 0, 2)
     acc.save_state(folder)
     reset_state()
     dist.barrier()
@@ -519,11 +533,12 @@ def meta_model_loads_a_checkpoint(folder):
         model = make_model()
     optimizer = make_optimizer(model)  # built on the meta parameters, as a script would
     whole = sum(p.numel() for p in model.parameters())
-    model, optimizer = acc.prepare(model, optimizer)
+    objects = acc.prepare(model, optimizer, make_scheduler(optimizer))
+    model, optimizer, _ = objects
     real = sum(p.numel() for p in model.parameters() if not p.is_meta)
     in_optimizer = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
     acc.load_state(folder)
-    _steps(acc, model, optimizer, 2, 2)
+    _steps(acc, objects, 2, 2)
     return whole, real, in_optimizer, acc.get_state_dict(model)
 
 

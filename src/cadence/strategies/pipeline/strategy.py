@@ -237,6 +237,12 @@ class PipelineStrategy(ShardedStrategy):
             evaluates=not v_shape,
         )
 
+    @property
+    def scheduler_processes(self) -> int:
+        """The data-parallel replicas: every stage (and tensor-parallel rank) of one pipeline reads
+        the same batch, so a step consumes one batch per replica, not one per process."""
+        return self.config.data_parallel_size
+
     # -- the training step --------------------------------------------------------------------------
     def is_wrapped(self, model: Any) -> bool:
         """Whether `model` is a `PipelinedModel`."""
