@@ -253,7 +253,7 @@ def test_pipeline_with_data_parallel_on_four_processes(dist_pool, dims):
         assert sum(halves) / 2 == pytest.approx(expected, abs=1e-5)
 
 
-def _prepared(pp_size, schedule="1F1B", dp_shard_size=1):
+def _prepared(pp_size, schedule="1F1B", dp_shard_size=1, kind="net"):
     from cadence import Accelerator
     from cadence.plugins import ParallelismConfig, PipelineParallelConfig
 
@@ -263,7 +263,7 @@ def _prepared(pp_size, schedule="1F1B", dp_shard_size=1):
         pp_handler=PipelineParallelConfig(schedule=schedule, loss_fn=loss_fn),
     )
     acc = Accelerator(parallelism_config=config)
-    model = make_model()
+    model = make_model(kind)
     optimizer = make_optimizer(model)
     return acc, acc.prepare(model, optimizer, make_scheduler(optimizer))
 
@@ -579,3 +579,25 @@ def test_a_meta_device_llama_is_initialized_per_stage(dist_pool):
         assert not meta and losses == results[0][0]
         # a fresh initialization predicts about uniformly over the 64 tokens, then learns
         assert abs(losses[0] - torch.log(torch.tensor(64.0)).item()) < 0.2 and losses[1] < losses[0]
+
+
+def save_sequential(folder):
+    acc, objects = _prepared(2, kind="sequential")
+    _steps(acc, objects, 0, 2)
+    acc.save_state(folder)
+
+
+def resume_sequential(folder):
+    acc, objects = _prepared(4, kind="sequential")
+    acc.load_state(folder)
+    _steps(acc, objects, 2, 2)
+    return acc.get_state_dict(objects[0])
+
+
+def test_resume_on_another_pp_size(dist_pool, tmp_path):
+    """Saved by pp 2 on 2 processes, loaded by pp 4 on 4: each stage reads its own parameters."""
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save_sequential, folder, timeout=120)
+    state = dist_pool(4).run(resume_sequential, folder, timeout=120)[0]
+    _, weights, _ = reference(4, kind="sequential")
+    assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
