@@ -143,10 +143,14 @@ def train_pp(
         tp_size=tp_size,
         pp_handler=handler,
     )
+    from cadence.plugins import FullyShardedDataParallelPlugin
+
     acc = Accelerator(
         parallelism_config=config,
         gradient_accumulation_steps=accumulation,
         mixed_precision=mixed_precision,
+        # with dp_shard, as a script for FSDP2 would say it: each stage is sharded with FSDP2
+        fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2) if dp_shard_size > 1 else None,
     )
     model = make_model(kind)
     optimizer = make_optimizer(model, sgd=mixed_precision == "bf16")

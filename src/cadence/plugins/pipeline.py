@@ -45,9 +45,9 @@ class PipelineParallelConfig:
         stages_per_process (int | None): Stages each process holds. None: 1 for GPipe and 1F1B, 2
             for the looped schedules (ZBVZeroBubble needs exactly 2).
         split_points (Sequence[str] | None): Names of the modules where a new stage begins, e.g.
-            `["layers.8", "layers.16"]` (one fewer than the number of stages). None splits evenly: the
-            children of an `nn.Sequential`, the decoder layers of a transformers causal LM, or the
-            model's children in order (lists expanded) for other models.
+            `["layers.8", "layers.16"]` (one fewer than the number of stages). None balances the
+            stages: a transformers causal LM's decoder layers by count; the children of an
+            `nn.Sequential`, or another model's children in order (lists expanded), by parameters.
         loss_fn (Callable | None): `loss_fn(output, labels)` computed by the last stage on each
             micro-batch, mean-reduced. None: a transformers causal LM's next-token cross-entropy; any
             other model needs one.

@@ -11,15 +11,11 @@ initialize them: a transformers model's `_init_weights(module)`, else the module
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ...core.input_errors import rank_prefix
-
-
-def has_meta(modules: Sequence[torch.nn.Module]) -> bool:
-    """Whether any parameter or buffer of `modules` is on the meta device."""
-    return any(t.is_meta for m in modules for t in (*m.parameters(), *m.buffers()))
 
 
 def _initializer(model: torch.nn.Module, module: torch.nn.Module, name: str):
@@ -36,11 +32,9 @@ def _initializer(model: torch.nn.Module, module: torch.nn.Module, name: str):
     )
 
 
-def materialize(
-    model: torch.nn.Module, stages: Sequence[torch.nn.Module], device: torch.device
-) -> None:
-    """Replace every meta tensor of `stages` by an initialized one on `device` (see the module
-    docstring). Every module is checked before any is changed.
+def plan_materialization(model: torch.nn.Module, stages: Sequence[torch.nn.Module]) -> list[Any]:
+    """What `materialize` will do for the meta tensors of `stages` (nothing when there are none):
+    every module is checked here, before anything is changed.
 
     Raises:
         ValueError: A module with meta weights that Cadence cannot initialize.
@@ -52,6 +46,11 @@ def materialize(
             buffers = [n for n, b in module.named_buffers(recurse=False) if b.is_meta]
             if params or buffers:
                 work.append((module, params, buffers, _initializer(model, module, name)))
+    return work
+
+
+def materialize(work: list[Any], device: torch.device) -> None:
+    """Replace the meta tensors that `plan_materialization` found by initialized ones on `device`."""
     for module, params, buffers, initialize in work:
         for name in params:
             old = module._parameters[name]

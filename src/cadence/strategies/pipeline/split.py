@@ -74,9 +74,13 @@ def chain_units(model: torch.nn.Module) -> list[str]:
 
 
 def partition(
-    units: Sequence[str], stages: int, split_points: Sequence[str] | None
+    units: Sequence[str],
+    stages: int,
+    split_points: Sequence[str] | None,
+    weights: Sequence[int] | None = None,
 ) -> list[list[str]]:
-    """The units of each stage: cut before every split point, or balanced by count.
+    """The units of each stage: cut before every split point, or balanced: the contiguous cut whose
+    heaviest stage is lightest, by `weights` (parameter counts), else by count.
 
     Raises:
         ValueError: A split point that is not a unit, out of order, or leaving a stage empty; fewer
@@ -104,13 +108,38 @@ def partition(
             f"{rank_prefix()}The model has {len(units)} units ({', '.join(units)}) for {stages} "
             "pipeline stages: use fewer stages (pp_size x stages_per_process) or a deeper model."
         )
-    base, extra = divmod(len(units), stages)
-    result, start = [], 0
-    for index in range(stages):
-        size = base + (1 if index < extra else 0)
-        result.append(units[start : start + size])
-        start += size
-    return result
+    if weights is None:
+        weights = [1] * len(units)
+    bounds = _lightest_cut(list(weights), stages)
+    return [units[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _lightest_cut(weights: list[int], stages: int) -> list[int]:
+    """Stage boundaries [0, ..., len(weights)] of the contiguous cut into `stages` non-empty runs
+    whose heaviest run is lightest, then whose runs are most even (dynamic programming over
+    (heaviest run, sum of squared runs))."""
+    count = len(weights)
+    prefix = [0]
+    for weight in weights:
+        prefix.append(prefix[-1] + weight)
+    worst = (float("inf"), float("inf"))
+    # best[k][i]: the best (heaviest run, sum of squares) cutting the first i units into k runs;
+    # cut[k][i]: where the last of those runs begins.
+    best = [[worst] * (count + 1) for _ in range(stages + 1)]
+    cut = [[0] * (count + 1) for _ in range(stages + 1)]
+    best[0][0] = (0, 0)
+    for k in range(1, stages + 1):
+        for i in range(k, count - (stages - k) + 1):
+            for start in range(k - 1, i):
+                heaviest, squares = best[k - 1][start]
+                run = prefix[i] - prefix[start]
+                value = (max(heaviest, run), squares + run * run)
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, start
+    bounds = [count]
+    for k in range(stages, 0, -1):
+        bounds.append(cut[k][bounds[-1]])
+    return bounds[::-1]
 
 
 def balanced_decoder_partition(

@@ -18,13 +18,15 @@ import torch
 
 from ...core.enums import DistributedType
 from ...core.input_errors import rank_prefix, with_rank
+from ...core.torch_compat import FSDP2_ON_GLOO, refuse_before
+from ...plugins.pipeline import SINGLE_STAGE_SCHEDULES
 from ...runtime.state import GradientState
 from ..grad_norm import clip_grad_norm_global
 from ..mesh import check_plan, device_mesh, parallel_style, tensor_parallel_plan, tp_mesh
 from ..param_remap import named_parameters
 from ..sharded import ShardedStrategy
 from .checkpoint import load_optimizers, save_optimizers
-from .materialize import has_meta, materialize, rebuild_rotary
+from .materialize import materialize, plan_materialization, rebuild_rotary
 from .model import PipelinedModel, PipelineRanks, StageLoss
 from .split import (
     balanced_decoder_partition,
@@ -91,7 +93,9 @@ class PipelineStrategy(ShardedStrategy):
         if handler.split_points is None and layout is not None:
             stage_units = balanced_decoder_partition(model, layout, total)
         else:
-            stage_units = partition(chain_units(model), total, handler.split_points)
+            units = chain_units(model)
+            weights = [sum(p.numel() for p in model.get_submodule(u).parameters()) for u in units]
+            stage_units = partition(units, total, handler.split_points, weights)
         _check_covered(model, stage_units)
         check_untied(model, stage_units)
         plan = self._tensor_parallel_plan(model)
@@ -102,19 +106,22 @@ class PipelineStrategy(ShardedStrategy):
                 "as ParallelismConfig(pp_handler=PipelineParallelConfig(loss_fn=...)), called as "
                 "loss_fn(output, labels) (a transformers causal LM has a default)."
             )
+        self._refuse_where_fsdp_is_wrong()
         v_shape = handler.schedule == "ZBVZeroBubble"
         mine = stage_indices(pp_rank, pp_size, handler.stages_per_process, v_shape)
+        device = self.context.device
+        if layout is not None and layout.rotary is not None:  # weightless: harmless if refused later
+            rebuild_rotary(model, layout.rotary, device)
+        stages = [build_stage(model, stage_units[i], layout) for i in mine]
+        before = [named_parameters(stage) for stage in stages]
+        # Built with init_empty_weights: only this process's stages get memory (checked here,
+        # applied once the other stages are freed).
+        initialize = plan_materialization(model, stages)
         for index, units in enumerate(stage_units):
             if index not in mine:
                 for name in units:  # other processes' stages: their weights are freed here
                     model.get_submodule(name).to("meta")
-        device = self.context.device
-        if layout is not None and layout.rotary is not None:
-            rebuild_rotary(model, layout.rotary, device)
-        stages = [build_stage(model, stage_units[i], layout) for i in mine]
-        before = [named_parameters(stage) for stage in stages]
-        if has_meta(stages):  # built with init_empty_weights: only this process's stages get memory
-            materialize(model, stages, device)
+        materialize(initialize, device)
         for stage in stages:
             stage.to(device)
         self._split_tensors(stages, plan)
@@ -162,19 +169,44 @@ class PipelineStrategy(ShardedStrategy):
             if mine:
                 parallelize_module(stage, mesh, mine)
 
+    def _refuse_where_fsdp_is_wrong(self) -> None:
+        """dp_shard_size > 1 on CPU/gloo before the torch release where FSDP2's numbers are right
+        (as the FSDP2 strategy refuses it; core/torch_compat.py has the releases)."""
+        if not self.config.dp_shard_enabled or self.context.device.type != "cpu":
+            return
+        refuse_before(
+            FSDP2_ON_GLOO,
+            "pp_size with dp_shard_size (FSDP2 per stage) on CPU/gloo",
+            "FSDP2's gradients on gloo differ from one process's before it",
+            "run on GPUs (NCCL), or use dp_replicate_size instead of dp_shard_size",
+        )
+
     def _shard_stages(self, stages: Sequence[torch.nn.Module]) -> None:
-        """dp_shard_size > 1: FSDP2 on each unit of each stage, then on the stage itself."""
+        """dp_shard_size > 1: FSDP2 on each unit of each stage, then on the stage itself (with the
+        FSDP plugin's mixed precision and offload policies when one is given)."""
         if not self.config.dp_shard_enabled:
             return
         from torch.distributed.fsdp import fully_shard
 
         mesh = device_mesh(self.config, self.context.device)[tuple(self.config.fsdp_dim_names)]
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        plugin = self.context.fsdp_plugin
+        if plugin is not None and plugin.mixed_precision_policy is not None:
+            kwargs["mp_policy"] = plugin.mixed_precision_policy
+        if plugin is not None and plugin.cpu_offload is not None:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            offload = plugin.cpu_offload
+            if isinstance(offload, CPUOffloadPolicy) and not torch.cuda.is_available():
+                offload = CPUOffloadPolicy(pin_memory=False)  # pinned memory needs a GPU driver
+            kwargs["offload_policy"] = offload
         for stage in stages:
             for unit_name in stage._unit_names:
                 unit = stage.get_submodule(unit_name)
                 if any(True for _ in unit.parameters()):
-                    fully_shard(unit, mesh=mesh)
-            fully_shard(stage, mesh=mesh, reshard_after_forward=False)
+                    fully_shard(unit, **kwargs)
+            # The stage's own parameters are needed again at the start of its backward: kept.
+            fully_shard(stage, reshard_after_forward=False, **kwargs)
 
     def _pipelined(
         self,
@@ -203,7 +235,8 @@ class PipelineStrategy(ShardedStrategy):
         n_microbatches = handler.microbatches(config.pp_size)
         loss = StageLoss(loss_fn)
         schedule_class = get_schedule_class(handler.schedule)
-        first = pipeline_stages[0] if handler.stages_per_process == 1 else pipeline_stages
+        single = handler.schedule in SINGLE_STAGE_SCHEDULES  # these take one stage, not a list
+        first = pipeline_stages[0] if single else pipeline_stages
         schedule = schedule_class(
             first, n_microbatches=n_microbatches, loss_fn=loss, scale_grads=False
         )
