@@ -50,8 +50,10 @@ class PipelineStrategy(ShardedStrategy):
     """Each process runs its stages of the model on torch's pipeline schedule."""
 
     name = "pipeline"
-    # The pipelined forward divides the micro-batch losses itself (see StageLoss).
-    divides_loss_for_accumulation = False
+    # The pipelined forward divides the micro-batch losses by the accumulation steps itself (see
+    # StageLoss); the division of the returned loss in Accelerator.backward changes nothing then,
+    # and keeps Cadence's reweighting of a dataloader's last, shorter window on.
+    divides_loss_for_accumulation = True
 
     def __init__(self, *args: Any, gradient_state: GradientState) -> None:
         super().__init__(*args)
