@@ -119,6 +119,8 @@ class PipelinedModel(torch.nn.Module):
         self._transformers_output = transformers_output
         self._device = device
         self._evaluates = evaluates
+        if hasattr(module, "config"):  # a transformers model's config stays readable
+            self.config = module.config
 
     # -- the schedule-driven forward ----------------------------------------------------------------
     def forward(self, *args: Any, labels: Any = None, **kwargs: Any) -> Any:

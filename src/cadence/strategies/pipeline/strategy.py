@@ -112,7 +112,9 @@ class PipelineStrategy(ShardedStrategy):
         v_shape = handler.schedule == "ZBVZeroBubble"
         mine = stage_indices(pp_rank, pp_size, handler.stages_per_process, v_shape)
         device = self.context.device
-        if layout is not None and layout.rotary is not None:  # weightless: harmless if refused later
+        if (
+            layout is not None and layout.rotary is not None
+        ):  # weightless: harmless if refused later
             rebuild_rotary(model, layout.rotary, device)
         stages = [build_stage(model, stage_units[i], layout) for i in mine]
         before = [named_parameters(stage) for stage in stages]
@@ -257,6 +259,8 @@ class PipelineStrategy(ShardedStrategy):
             dp_size=dp_size,
         )
         part = local_part(model, [stage_units[i] for i in mine])
+        if hasattr(model, "config"):  # transformers' config, read by integrations on the model
+            part.config = model.config
         self._local_params.update(id(p) for p in part.parameters())
         gradient_state = self.gradient_state
         return PipelinedModel(
