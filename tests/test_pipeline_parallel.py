@@ -365,14 +365,13 @@ def llama_batches(steps: int) -> torch.Tensor:
     return torch.randint(0, 64, (steps, GLOBAL_BATCH // 2, 8), generator=generator)
 
 
-def train_llama_pp(steps: int, pp_size: int, schedule: str):
+def train_llama_pp(steps: int, pp_size: int, schedule: str, split_points=None):
     """A tiny transformers Llama under pp, its loss computed by the default causal LM loss."""
     from cadence import Accelerator
     from cadence.plugins import ParallelismConfig, PipelineParallelConfig
 
-    config = ParallelismConfig(
-        pp_size=pp_size, pp_handler=PipelineParallelConfig(schedule=schedule)
-    )
+    handler = PipelineParallelConfig(schedule=schedule, split_points=split_points)
+    config = ParallelismConfig(pp_size=pp_size, pp_handler=handler)
     acc = Accelerator(parallelism_config=config)
     model = make_llama()
     optimizer = make_optimizer(model)
@@ -393,10 +392,13 @@ def train_llama_pp(steps: int, pp_size: int, schedule: str):
     return losses, acc.get_state_dict(model), refusal
 
 
-@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
-def test_tiny_llama_matches_one_process(dist_pool, schedule):
+@pytest.mark.parametrize(
+    "schedule,split_points",
+    [("1F1B", None), ("Interleaved1F1B", None), ("GPipe", ["model.layers.1"])],
+)
+def test_tiny_llama_matches_one_process(dist_pool, schedule, split_points):
     pytest.importorskip("transformers")
-    results = dist_pool(2).run(train_llama_pp, 3, 2, schedule, timeout=180)
+    results = dist_pool(2).run(train_llama_pp, 3, 2, schedule, split_points, timeout=180)
     model = make_llama()
     optimizer = make_optimizer(model)
     losses = []
@@ -613,3 +615,55 @@ def test_resume_on_another_pp_size(dist_pool, tmp_path):
     state = dist_pool(4).run(resume_sequential, folder, timeout=120)[0]
     _, weights, _ = reference(4, kind="sequential")
     assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
+
+
+def gradients_of_one_batch(schedule, dp_shard_size=1, tp_size=1):
+    """Every parameter's gradient after one batch (before the optimizer), gathered on rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from cadence import Accelerator
+    from cadence.plugins import ParallelismConfig, PipelineParallelConfig
+
+    config = ParallelismConfig(
+        pp_size=2,
+        dp_shard_size=dp_shard_size,
+        tp_size=tp_size,
+        pp_handler=PipelineParallelConfig(schedule=schedule, loss_fn=loss_fn),
+    )
+    acc = Accelerator(parallelism_config=config)
+    model = acc.prepare(make_model())
+    x, y = make_data(1)
+    share = GLOBAL_BATCH // dp_shard_size
+    dp_rank = acc.process_index % dp_shard_size  # the mesh is (pp, dp_shard) or (pp, tp)
+    if tp_size > 1:
+        dp_rank = 0
+    begin = dp_rank * share
+    acc.backward(model(x[begin : begin + share], labels=y[begin : begin + share]))
+    grads = {}
+    for name, param in model.module.named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        grads[name] = grad.detach().clone()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, grads)
+    return {k: v for part in gathered for k, v in part.items()}
+
+
+@pytest.mark.parametrize(
+    "processes,options",
+    [
+        (2, {"schedule": "1F1B"}),
+        (2, {"schedule": "ZBVZeroBubble"}),
+        (4, {"schedule": "GPipe", "dp_shard_size": 2}),
+        (4, {"schedule": "1F1B", "tp_size": 2}),
+    ],
+    ids=["1F1B", "ZBV", "dp_shard", "tp"],
+)
+def test_every_gradient_equals_one_process(dist_pool, processes, options):
+    grads = dist_pool(processes).run(gradients_of_one_batch, **options, timeout=120)[0]
+    model = make_model()
+    x, y = make_data(1)
+    loss_fn(model(x), y).backward()
+    expected = {name: p.grad for name, p in model.named_parameters()}
+    assert sorted(grads) == sorted(expected)
+    assert max((grads[k] - expected[k]).abs().max().item() for k in expected) < 1e-6
