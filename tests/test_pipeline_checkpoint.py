@@ -163,3 +163,30 @@ def test_resume_on_another_pp_size(dist_pool, tmp_path):
     state = dist_pool(4).run(resume_sequential, folder, timeout=120)[0]
     _, weights, _ = reference(4, kind="sequential")
     assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5
+
+
+def save_before_the_first_step(folder):
+    """save_state before any optimizer step, 2 steps; then a fresh run loads it and trains 2 steps."""
+    import torch.distributed as dist
+
+    from cadence.state import reset_state
+
+    acc, objects = prepare_pipeline(2)
+    acc.save_state(folder)
+    train_steps(acc, objects, 0, 2)
+    straight = acc.get_state_dict(objects[0])
+    reset_state()
+    dist.barrier()
+    acc, objects = prepare_pipeline(2)
+    acc.load_state(folder)
+    train_steps(acc, objects, 0, 2)
+    return straight, acc.get_state_dict(objects[0])
+
+
+def test_a_save_before_the_first_step_changes_nothing(dist_pool, tmp_path):
+    """torch initialises a fresh optimizer's state with a step of its own when its state dict is
+    taken: neither the saving run nor the resumed one may count it (AdamW's bias correction)."""
+    straight, resumed = dist_pool(2).run(save_before_the_first_step, str(tmp_path / "c"))[0]
+    _, weights, _ = reference(2)
+    for state in (straight, resumed):
+        assert max((state[k] - weights[k]).abs().max().item() for k in weights) < 1e-5

@@ -40,7 +40,11 @@ def save_optimizers(
 
     written: list[str] = []
     for position, (optimizer, model) in enumerate(zip(optimizers, models)):
-        state = get_optimizer_state_dict(model, _inner_optimizer(optimizer))
+        inner = _inner_optimizer(optimizer)
+        fresh = not inner.state
+        state = get_optimizer_state_dict(model, inner)
+        if fresh:
+            _undo_initialization(inner, state)
         folder = directory / OPTIMIZER_DIR.format(index=first_index + position)
         folder.mkdir(parents=True, exist_ok=True)
         dcp.save({"optimizer": _without_names(state)}, storage_writer=dcp.FileSystemWriter(folder))
@@ -76,3 +80,17 @@ def load_optimizers(
         for group, mine in zip(loaded["param_groups"], current["param_groups"]):
             group["params"] = mine["params"]
         set_optimizer_state_dict(model, inner, loaded)
+
+
+def _undo_initialization(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """torch's get_optimizer_state_dict gives an optimizer that has not stepped yet a state by taking
+    one step with zero gradients and a zero learning rate, which counts as a step (Adam's `step`
+    becomes 1, and with it its bias correction). Saved before the first step, the optimizer is left
+    as it was and the checkpoint says 0 steps, so neither the run nor its resumption changes."""
+    optimizer.state.clear()
+    for per_parameter in state["state"].values():
+        step = per_parameter.get("step")
+        if isinstance(step, torch.Tensor):
+            per_parameter["step"] = torch.zeros_like(step)
+        elif step is not None:
+            per_parameter["step"] = 0
