@@ -599,6 +599,7 @@ def _parallelism(kind: str) -> dict:
         ("dp_shard_size", "FSDP2 sharding (HSDP) (dp_shard_size)"),
         ("tp_size", "tensor parallelism (tp_size)"),
         ("cp_size", "context parallelism (cp_size)"),
+        ("pp_size", "pipeline parallelism (pp_size)"),
     ],
 )
 def test_parallelism_inside_a_group_other_than_ddp_is_refused_before_start(

@@ -27,6 +27,8 @@ DEFERRED_SUBSYSTEMS = (
     "cadence.strategies.ddp",
     "cadence.strategies.fsdp",
     "cadence.strategies.deepspeed",
+    "cadence.strategies.pipeline",  # pipeline parallelism: only with pp_size > 1
+    "torch.distributed.pipelining",
     "cadence.utils",
 )
 

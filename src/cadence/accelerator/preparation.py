@@ -311,7 +311,7 @@ class Preparer:
             num_processes=(
                 self.fault_tolerance.committed_ranks
                 if self.fault_tolerance is not None
-                else self.strategy.context.num_processes
+                else self.strategy.scheduler_processes
             ),
             gradient_state=self.gradient_state,
         )

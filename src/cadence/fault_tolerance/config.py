@@ -168,6 +168,7 @@ def check_parallelism(
             ("tp_size", "tensor parallelism", False, ""),
             ("cp_size", "context parallelism", False, ""),
             ("sp_size", "sequence parallelism", False, ""),
+            ("pp_size", "pipeline parallelism", False, ""),
         ):
             if (getattr(parallelism_config, name, None) or 1) > 1 and not allowed:
                 found.setdefault(kind, (name, why))

@@ -64,7 +64,9 @@ UNSUPPORTED_FLAG_PREFIXES = {
     "--aws_": "Amazon SageMaker launching is not supported by Cadence",
     "--mpirun_hostfile": "launching through mpirun is not supported; start `mpirun python script.py` yourself",
     "--use_parallelism_config": "the N-d parallelism config is not supported by Cadence yet",
-    "--parallelism_config_": "the N-d parallelism config is not supported by Cadence yet",
+    "--parallelism_config_": "of the N-d parallelism config flags, Cadence takes only "
+    "--parallelism_config_pp_size and --parallelism_config_pp_schedule yet (set the other sizes in "
+    "ParallelismConfig(...))",
 }
 
 
@@ -305,6 +307,19 @@ def build_launch_parser(
         help="pdsh, standard, openmpi, ... (default: pdsh).",
     )
     add(ds, "--deepspeed_moe_layer_cls_names", help="Comma-separated MoE layer class names.")
+
+    pipeline = parser.add_argument_group("Pipeline parallelism (Cadence only)")
+    add(
+        pipeline,
+        "--parallelism_config_pp_size",
+        type=int,
+        help="Pipeline stages' processes: ParallelismConfig(pp_size=N) in every worker.",
+    )
+    add(
+        pipeline,
+        "--parallelism_config_pp_schedule",
+        help="GPipe, 1F1B (default), Interleaved1F1B, InterleavedZeroBubble or ZBVZeroBubble.",
+    )
 
     fsdp = parser.add_argument_group("FSDP (with --use_fsdp)")
     add(fsdp, "--fsdp_version", type=int, choices=[1, 2], help="FSDP version (default: 1).")

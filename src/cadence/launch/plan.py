@@ -508,6 +508,27 @@ class _Planner:
             self.check_fsdp()
         if use_deepspeed:
             self.check_deepspeed()
+        self.check_pipeline()
+
+    def check_pipeline(self) -> None:
+        """--parallelism_config_pp_size / _pp_schedule: a size of at least 1 that divides the
+        processes, a schedule torch knows (its validation, without starting a worker)."""
+        from ..plugins.pipeline import (
+            canonical_schedule,
+        )  # deferred: only the pipeline flags need it
+
+        size = self.value("parallelism_config_pp_size")
+        if size is not None and (size < 1 or (self.num_processes or size) % size):
+            self.errors.append(
+                f"--parallelism_config_pp_size {size} must be at least 1 and divide the number of "
+                f"processes ({self.num_processes})"
+            )
+        schedule = self.value("parallelism_config_pp_schedule")
+        if schedule is not None:
+            try:
+                canonical_schedule(schedule)
+            except ValueError as error:
+                self.errors.append(f"--parallelism_config_pp_schedule: {error}")
 
     def check_fsdp(self) -> None:
         strategy = self.value("fsdp_sharding_strategy")

@@ -90,6 +90,9 @@ SETTINGS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "role": (_text, "default"),
     "main_training_function": (_text, "main"),
     "downcast_bf16": (_bool, False),
+    # Pipeline parallelism (Cadence only): handed to the workers as PARALLELISM_CONFIG_* variables.
+    "parallelism_config_pp_size": (_int, None),
+    "parallelism_config_pp_schedule": (_text, None),
     # DeepSpeed
     "deepspeed_config_file": (_text, None),
     "zero_stage": (_int, 2),
@@ -190,7 +193,19 @@ def config_values(config: config_files.ClusterConfig, notes: list[str]) -> dict[
             "mpirun_config in the config file is ignored: cadence launch starts processes itself"
         )
     if config.parallelism_config:
-        notes.append("parallelism_config in the config file is ignored (not supported yet)")
+        taken = ("parallelism_config_pp_size", "parallelism_config_pp_schedule")
+        ignored = []
+        for key, value in config.parallelism_config.items():
+            name = key if key.startswith("parallelism_config_") else "parallelism_config_" + key
+            if name in taken:
+                values[name] = value
+            else:
+                ignored.append(key)
+        if ignored:
+            notes.append(
+                f"parallelism_config keys {', '.join(sorted(ignored))} in the config file are ignored "
+                "(Cadence takes pp_size and pp_schedule there yet)"
+            )
     return values
 
 

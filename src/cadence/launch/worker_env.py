@@ -59,6 +59,7 @@ def worker_environment(
         "OMP_NUM_THREADS": str(plan.value("num_cpu_threads_per_process")),
     }
     worker_env.update({k: v for k, v in elastic_worker_env(plan).items() if k not in env})
+    worker_env.update(pipeline_environment(plan))
     if gpu_ids is not None:
         worker_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     if not plan.multi_process:
@@ -76,4 +77,18 @@ def worker_environment(
         interface = hardware.interface_with_address(local) if local else None
         if interface:
             worker_env["GLOO_SOCKET_IFNAME"] = interface
+    return worker_env
+
+
+def pipeline_environment(plan: Any) -> dict[str, str]:
+    """`--parallelism_config_pp_size N` (and `_pp_schedule`): the variables that make every worker's
+    ParallelismConfig a pipeline over N processes, as Accelerate's launcher hands its sizes over."""
+    size = plan.value("parallelism_config_pp_size")
+    schedule = plan.value("parallelism_config_pp_schedule")
+    worker_env: dict[str, str] = {}
+    if size is not None:
+        worker_env["PARALLELISM_CONFIG_PP_SIZE"] = str(size)
+        worker_env["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+    if schedule is not None:
+        worker_env["PARALLELISM_CONFIG_PP_SCHEDULE"] = str(schedule)
     return worker_env

@@ -19,6 +19,7 @@ _EXPORTS = {
     "TorchTensorParallelConfig": "cadence.plugins.parallelism",
     "TorchContextParallelConfig": "cadence.plugins.parallelism",
     "DeepSpeedSequenceParallelConfig": "cadence.plugins.parallelism",
+    "PipelineParallelConfig": "cadence.plugins.pipeline",
     "MegatronLMPlugin": "cadence.plugins.megatron",
 }
 _ALIASES = {"HfDeepSpeedConfig": "DeepSpeedConfig"}

@@ -9,9 +9,11 @@ from typing import Any
 
 from ..core.enums import DistributedType
 from ..core.settings import plugin_env_text, resolve_flag
+from .pipeline import PipelineParallelConfig
 
-# Outermost dimension first: replicas, then shards, then the dimensions whose ranks see the same batch.
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+# Outermost dimension first: pipeline stages (as torchtitan orders them: the stages' point-to-point
+# traffic is the lightest), replicas, shards, then the dimensions whose ranks see the same batch.
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
 
 
 @dataclass
@@ -139,7 +141,8 @@ class ParallelismConfig:
     along it. `dp_shard_size > 1` shards parameters with FSDP2; with `dp_replicate_size > 1` as well,
     that is hybrid sharding (HSDP: sharded within a group, replicated across groups). `tp_size > 1`
     splits layers by a tensor-parallel plan; every rank of one tensor-parallel group reads the same batch.
-    `cp_size > 1` splits the sequence dimension (context parallelism, with FSDP2). Sizes left None come
+    `cp_size > 1` splits the sequence dimension (context parallelism, with FSDP2). `pp_size > 1` (Cadence
+    only) splits the model's layers into pipeline stages, `pp_handler` says how. Sizes left None come
     from `PARALLELISM_CONFIG_<NAME>` variables (set by `cadence launch`), else 1. With every size 1 on
     several processes, `dp_replicate_size` becomes the number of processes (plain DDP).
 
@@ -157,10 +160,16 @@ class ParallelismConfig:
         cp_handler (TorchContextParallelConfig | None): Context-parallel options (how key/value shards
             are exchanged); created with defaults when `cp_size > 1`.
         sp_handler (DeepSpeedSequenceParallelConfig | None): Sequence-parallel options.
+        pp_size (int | None): Pipeline-parallel degree (Cadence only): processes the model's stages
+            are spread over, outermost in the mesh. Above 1 it composes with dp_replicate, dp_shard
+            and tp; with cp or sp it is refused.
+        pp_handler (PipelineParallelConfig | None): Pipeline options (schedule, micro-batches,
+            stages per process, split points, loss); created with defaults when `pp_size > 1`.
 
     Raises:
         ValueError: A size below 1 or not an integer; both `cp_size` and `sp_size` above 1; tensor or
             context parallelism with pure replication (`dp_replicate_size > 1`, `dp_shard_size == 1`);
+            `pp_size > 1` with cp or sp;
             and, when the Accelerator starts, sizes whose product is not the number of processes.
 
     Example:
@@ -180,10 +189,12 @@ class ParallelismConfig:
     tp_handler: TorchTensorParallelConfig | None = None
     cp_handler: TorchContextParallelConfig | None = None
     sp_handler: DeepSpeedSequenceParallelConfig | None = None
+    pp_size: int | None = None
+    pp_handler: PipelineParallelConfig | None = None
     device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp", "pp"):
             attr = f"{name}_size"
             if getattr(self, attr) is None:
                 setattr(self, attr, _env_size(attr))
@@ -225,6 +236,29 @@ class ParallelismConfig:
                 "(dp_replicate_size > 1, dp_shard_size == 1): use dp_shard_size > 1 for FSDP + TP/CP "
                 "(or HSDP + TP/CP with both > 1)."
             )
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        """pp_size > 1: the handler's type and what the pipeline cannot be combined with (yet)."""
+        if self.pp_size == 1:
+            return
+        if self.pp_handler is None:
+            self.pp_handler = PipelineParallelConfig()
+        elif not isinstance(self.pp_handler, PipelineParallelConfig):
+            raise ValueError(
+                f"pp_size > 1 needs pp_handler=PipelineParallelConfig(...), got "
+                f"{type(self.pp_handler).__name__}."
+            )
+        for name, what in (("cp", "context"), ("sp", "sequence")):
+            size = getattr(self, f"{name}_size")
+            if size > 1:
+                # Refused rather than run approximately: Cadence has no test of these meshes yet.
+                raise ValueError(
+                    f"Pipeline parallelism (pp_size={self.pp_size}) cannot be combined with {what} "
+                    f"parallelism ({name}_size={size}) in Cadence yet: set one of them to 1 "
+                    "(pp composes with dp_replicate_size, dp_shard_size and tp_size)."
+                )
+        self.pp_handler.check_against(self.pp_size)
 
     # -- sizes and dimension names ------------------------------------------------------------------
     @property
@@ -235,6 +269,7 @@ class ParallelismConfig:
             "tp": self.tp_size,
             "cp": self.cp_size,
             "sp": self.sp_size,
+            "pp": self.pp_size,
         }
 
     def _set_size(self, parallelism: str, size: int) -> None:
@@ -246,13 +281,18 @@ class ParallelismConfig:
     def total_size(self) -> int:
         """The product of all dimension sizes (must equal the number of processes)."""
         return (
-            self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size * self.sp_size
+            self.pp_size
+            * self.dp_replicate_size
+            * self.dp_shard_size
+            * self.tp_size
+            * self.cp_size
+            * self.sp_size
         )
 
     @property
     def non_data_parallel_size(self) -> int:
-        """Ranks that see the same batch: tp x cp x sp sizes."""
-        return self.tp_size * self.cp_size * self.sp_size
+        """Ranks that see the same batch: tp x cp x sp (x pp: every stage reads the batch) sizes."""
+        return self.tp_size * self.cp_size * self.sp_size * self.pp_size
 
     @property
     def data_parallel_size(self) -> int:
@@ -285,6 +325,11 @@ class ParallelismConfig:
         return self.sp_size > 1
 
     @property
+    def pp_enabled(self) -> bool:
+        """Whether pipeline parallelism is on (pp_size > 1)."""
+        return self.pp_size > 1
+
+    @property
     def dp_dim_names(self) -> list[str]:
         """The active data-parallel mesh dimensions (dp_replicate, dp_shard)."""
         return [n for n in ("dp_replicate", "dp_shard") if self._sizes[n] > 1]
@@ -311,8 +356,8 @@ class ParallelismConfig:
 
     @property
     def active_mesh_dims(self) -> list[str]:
-        """All active mesh dimensions: the data-parallel ones, then the others."""
-        return self.dp_dim_names + self.non_dp_dim_names
+        """All active mesh dimensions: pp (when on), the data-parallel ones, then the others."""
+        return (["pp"] if self.pp_enabled else []) + self.dp_dim_names + self.non_dp_dim_names
 
     # -- the device mesh ----------------------------------------------------------------------------
     def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -399,7 +444,8 @@ class ParallelismConfig:
             self._set_size("dp_replicate", num_processes)
         if self.total_size != num_processes:
             raise ValueError(
-                f"ParallelismConfig total_size ({self.total_size} = dp_replicate {self.dp_replicate_size} x "
+                f"ParallelismConfig total_size ({self.total_size} = pp {self.pp_size} x "
+                f"dp_replicate {self.dp_replicate_size} x "
                 f"dp_shard {self.dp_shard_size} x tp {self.tp_size} x cp {self.cp_size} x sp {self.sp_size}) does "
                 f"not match the number of processes ({num_processes}). Adjust the sizes so their product is "
                 f"{num_processes}."
@@ -428,7 +474,9 @@ class ParallelismConfig:
             f"ParallelismConfig(dp_replicate_size={self.dp_replicate_size}, "
             f"dp_shard_size={self.dp_shard_size}, tp_size={self.tp_size}, cp_size={self.cp_size}, "
             f"cp_backend={self.cp_backend!r}, sp_size={self.sp_size}, sp_backend={self.sp_backend!r}, "
-            f"total_size={self.total_size}, tp_handler={self.tp_handler}, cp_handler={self.cp_handler})"
+            f"total_size={self.total_size}, tp_handler={self.tp_handler}, cp_handler={self.cp_handler}"
+            + (f", pp_size={self.pp_size}, pp_handler={self.pp_handler}" if self.pp_enabled else "")
+            + ")"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -440,10 +488,13 @@ class ParallelismConfig:
         result: dict[str, Any] = {}
         for name in (
             "dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size",
-            "sp_backend", "tp_handler", "cp_handler", "sp_handler",
+            "sp_backend", "tp_handler", "cp_handler", "sp_handler", "pp_size", "pp_handler",
         ):  # fmt: skip
             value = getattr(self, name)
-            result[name] = dict(vars(value)) if hasattr(value, "__dict__") else value
+            if isinstance(value, PipelineParallelConfig):
+                result[name] = value.to_json()
+            else:
+                result[name] = dict(vars(value)) if hasattr(value, "__dict__") else value
         return result
 
 

@@ -79,6 +79,13 @@ def select_strategy(
         from .xla import XLAStrategy  # deferred: torch_xla loads only when an XLA device is used
 
         return XLAStrategy(context, precision, prepared)
+    parallelism = context.parallelism_config
+    if parallelism is not None and getattr(parallelism, "pp_enabled", False):
+        from .pipeline.strategy import (  # deferred: torch.distributed.pipelining only when pp is on
+            PipelineStrategy,
+        )
+
+        return PipelineStrategy(context, precision, prepared, gradient_state=gradient_state)
     if distributed_type == DistributedType.FSDP:
         if context.fsdp_plugin.fsdp_version == 1:
             from .fsdp1 import FSDP1Strategy

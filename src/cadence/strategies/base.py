@@ -126,6 +126,12 @@ class Strategy:
     # Its sharded checkpoints load on another number of processes (torch.distributed.checkpoint).
     reshards_on_load: bool = True
 
+    @property
+    def scheduler_processes(self) -> int:
+        """How many steps a prepared scheduler advances per optimizer step without split_batches: the
+        processes (Accelerate's rule; the pipeline strategy counts its data-parallel replicas)."""
+        return self.context.num_processes
+
     def prepare_group(
         self, objects: list[Any], kinds: list[str], placements: list[Any], prepare_one: Any
     ) -> list[Any] | None:

@@ -79,6 +79,16 @@ def _plan_for(context: StrategyContext, model: torch.nn.Module) -> Any:
     return plan
 
 
+def tensor_parallel_plan(context: StrategyContext, model: torch.nn.Module) -> Any:
+    """The tensor parallel plan for `model`: the config's `tp_plan`, else the model's own (or None)."""
+    return _plan_for(context, model)
+
+
+def parallel_style(value: Any) -> Any:
+    """The torch `ParallelStyle` of a plan entry (a style, or one of the names this module lists)."""
+    return _style(value)
+
+
 def has_dtensor_parameters(model: torch.nn.Module) -> bool:
     """Whether any of the model's parameters is a DTensor."""
     from torch.distributed.tensor import DTensor
