@@ -77,6 +77,38 @@ def _files_of_this_rank(folder: Path, base: Path) -> list[str]:
     return mine
 
 
+def optimizer_state_to_save(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: Any = None
+) -> dict[str, Any]:
+    """The state dict of `optimizer` (training `model`) to write into a checkpoint, as torch's
+    `get_optimizer_state_dict(model, optimizer, options=options)` gives it, except that an optimizer
+    that has not stepped yet is left as it was and its state says 0 steps (see
+    `_undo_initialization`). Collective wherever torch's function is."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    fresh = not optimizer.state
+    state = get_optimizer_state_dict(model, optimizer, options=options)
+    if fresh:
+        _undo_initialization(optimizer, state)
+    return state
+
+
+def _undo_initialization(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """torch's get_optimizer_state_dict gives an optimizer that has not stepped yet a state by taking
+    one step with zero gradients and a zero learning rate, which counts as a step (Adam's `step`
+    becomes 1, and with it its bias correction). Saved before the first step, the optimizer is left
+    as it was and the checkpoint says 0 steps, so neither the run nor its resumption changes (the
+    moments that zero step wrote are Adam's zeros, which its first real step starts from too)."""
+    optimizer.state.clear()
+    # A full state dict may leave the ranks that do not write it without a "state" entry.
+    for per_parameter in state.get("state", {}).values():
+        step = per_parameter.get("step")
+        if isinstance(step, torch.Tensor):
+            per_parameter["step"] = torch.zeros_like(step)
+        elif step is not None:
+            per_parameter["step"] = 0
+
+
 def save_sharded(
     directory: str | os.PathLike,
     models: Sequence[torch.nn.Module],
@@ -95,10 +127,7 @@ def save_sharded(
     in the file names (Accelerate's `save_fsdp_model(..., model_index=i)` writes one of several).
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     base = Path(directory)
     base.mkdir(parents=True, exist_ok=True)
@@ -120,7 +149,7 @@ def save_sharded(
         index = first_index + position
         model = owners[position] if position < len(owners) else models[0]
         inner = _inner_optimizer(optimizer)
-        state = get_optimizer_state_dict(model, inner, options=_options(full, offload))
+        state = optimizer_state_to_save(model, inner, _options(full, offload))
         if full:
             name = _indexed(FULL_OPTIMIZER_FILE, index)
             if _rank() == 0:

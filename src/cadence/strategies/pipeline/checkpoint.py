@@ -23,6 +23,7 @@ from ..sharded_state import (
     _load_planner,
     _reader,
     _require,
+    optimizer_state_to_save,
 )
 
 
@@ -36,15 +37,10 @@ def save_optimizers(
 ) -> list[str]:
     """Write each optimizer's state for the parameters of its (local) model; returns this rank's files."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     written: list[str] = []
     for position, (optimizer, model) in enumerate(zip(optimizers, models)):
-        inner = _inner_optimizer(optimizer)
-        fresh = not inner.state
-        state = get_optimizer_state_dict(model, inner)
-        if fresh:
-            _undo_initialization(inner, state)
+        state = optimizer_state_to_save(model, _inner_optimizer(optimizer))
         folder = directory / OPTIMIZER_DIR.format(index=first_index + position)
         folder.mkdir(parents=True, exist_ok=True)
         dcp.save({"optimizer": _without_names(state)}, storage_writer=dcp.FileSystemWriter(folder))
@@ -80,17 +76,3 @@ def load_optimizers(
         for group, mine in zip(loaded["param_groups"], current["param_groups"]):
             group["params"] = mine["params"]
         set_optimizer_state_dict(model, inner, loaded)
-
-
-def _undo_initialization(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """torch's get_optimizer_state_dict gives an optimizer that has not stepped yet a state by taking
-    one step with zero gradients and a zero learning rate, which counts as a step (Adam's `step`
-    becomes 1, and with it its bias correction). Saved before the first step, the optimizer is left
-    as it was and the checkpoint says 0 steps, so neither the run nor its resumption changes."""
-    optimizer.state.clear()
-    for per_parameter in state["state"].values():
-        step = per_parameter.get("step")
-        if isinstance(step, torch.Tensor):
-            per_parameter["step"] = torch.zeros_like(step)
-        elif step is not None:
-            per_parameter["step"] = 0
