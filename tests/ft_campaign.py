@@ -237,7 +237,7 @@ def check(scenario: dict[str, Any], out: Path, result: subprocess.CompletedProce
         group = int(marker.name.split(".")[1])
         assert all(finals[(group, r)]["inc"] > 0 for r in range(nproc)), (marker.name, where)
     ends = [f["t"] for f in finals.values()]
-    assert max(ends) - min(ends) < 20, (
+    assert max(ends) - min(ends) < 40, (
         f"groups finished {max(ends) - min(ends):.1f} s apart\n{where}"
     )
     # The committed steps: step number -> the windows of its participating ranks.

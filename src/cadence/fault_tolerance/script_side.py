@@ -22,7 +22,7 @@ from .loader import CursorLoader, StepView
 from .membership import Membership, say
 
 # How long a group whose script ended waits for lost groups to come back and finish with it.
-FINISH_WAIT = 30.0
+FINISH_WAIT = 60.0
 
 
 class ScriptSide:
