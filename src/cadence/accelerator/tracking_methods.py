@@ -78,8 +78,8 @@ class TrackingMethods:
         Call it at the end of a script that used trackers or `save_state(async_save=True)`.
         """
         self._tracker_hub.end_training()
-        if self._fault_tolerance is not None:
-            self._fault_tolerance.shutdown()
+        if self._fault_tolerance is not None:  # the script's end: the other groups are told
+            self._fault_tolerance.finish()
         if "_checkpointer" in self.__dict__:  # nothing to wait for when nothing was saved
             self._checkpointer.wait_for_async_save()
         self.state.destroy_process_group()
