@@ -1,8 +1,8 @@
 """The fault campaign's fixed seeds (tests/ft_campaign.py): each draws a whole scenario (groups,
 processes, accumulation, DataLoader kind, script idiom, failures and their moments) and checks the
-campaign's invariants on a real `cadence launch --fault_tolerance` run. The seeds cover an SIGTERM
+campaign's invariants on a real `cadence launch --fault_tolerance` run. The seeds cover a SIGTERM
 during an evaluation, one inside save_state, two failures in one run, and three groups of two
-processes; a seed that failed in a campaign is added here."""
+processes, a failure in the last evaluation; a seed that failed in a campaign is added here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from ft_campaign import check, describe, draw, run
 
-SEEDS = (0, 3, 7, 11)
+# 30 and 38 failed in a campaign: end_training() left without telling the others, so a group lost in
+# the last evaluation found nobody to heal from.
+SEEDS = (0, 3, 30, 38)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
