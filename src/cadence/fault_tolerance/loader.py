@@ -297,7 +297,7 @@ class CursorLoader:
         """
         done = int(record["passes"]) - bool(record["iterating"])
         live = done + 1 if record["iterating"] else done
-        if self.passes > max(live, done):
+        if self.passes > live:
             raise RuntimeError(
                 f"replica group {group}'s script has started {self.passes} passes over a "
                 f"prepared DataLoader, the job it heals into only {live}: the groups' training "

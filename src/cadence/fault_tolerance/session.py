@@ -365,8 +365,11 @@ class FaultTolerantSession(ScriptSide):
                 "training DataLoader (docs: Training through failures)"
             )
         if self.job_finished and not self._finishing:
-            self._view = None
-            return False  # the job's training is over: nothing commits any more
+            # The job's training is over: nothing commits any more, nothing drawn is consumed.
+            self._view, self._summed, self._quorum = None, None, None
+            for loader in self.loaders:
+                loader.end_step(False)
+            return False
         self.average_gradients()
         summed, quorum = self._summed, self._quorum
         assert summed is not None and quorum is not None
