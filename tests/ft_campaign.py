@@ -105,6 +105,9 @@ def draw(seed: int) -> dict[str, Any]:
         scenario["kills"].append(
             {"group": group, "incarnation": incarnation, "phase": phase, "at": at, "signal": signal}
         )
+    # Drawn last, so the scenarios of earlier seeds stay as they were: the epoch loop calls
+    # model.train() only once a batch is drawn, as transformers' Trainer does.
+    scenario["late_train_mode"] = scenario["idiom"] == "epochs" and rng.random() < 0.4
     return scenario
 
 
@@ -118,7 +121,8 @@ def describe(scenario: dict[str, Any]) -> str:
         f"seed {scenario['seed']}: {scenario['groups']} groups x {scenario['nproc']}, accum "
         f"{scenario['accum']}, {scenario['epochs']} epochs of {scenario['samples']}, loader "
         f"{scenario['loader']}, idiom {scenario['idiom']}, quorum_every "
-        f"{scenario['quorum_every']}, end_training {scenario['end_training']}, failures: "
+        f"{scenario['quorum_every']}, end_training {scenario['end_training']}, "
+        f"{'model.train() after the draw, ' if scenario.get('late_train_mode') else ''}failures: "
         f"{kills or 'none'}"
     )
 

@@ -140,6 +140,7 @@ def main() -> None:
     def train_step(ids, x, y) -> bool:
         """One micro-batch; True when it closed a committed window."""
         maybe_fail("train")
+        model.train()  # (a no-op unless the loop left it to here, as Trainer does)
         if not window:
             drawn_at[0] = session.manager.current_step() if session is not None else 0
         window.append(ids.tolist())
@@ -218,7 +219,8 @@ def main() -> None:
             evaluate(epoch)
     else:
         for epoch in range(epochs):
-            model.train()
+            if not scenario.get("late_train_mode"):
+                model.train()
             for ids, x, y in loader:
                 train_step(ids, x, y)
             evaluate(epoch)

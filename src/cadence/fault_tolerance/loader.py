@@ -37,8 +37,8 @@ class CursorLoader:
     samples consumed over all processes), the global count being the committed cursor.
 
     **Passes.** Each `for batch in loader` is a pass. A pass started while the prepared model is in
-    training mode is a training pass, cut by the cursor; one started after `model.eval()` is an
-    evaluation pass: each replica group reads the whole dataset over its own processes (as a
+    training mode, or over a loader an optimizer step has closed a step of, is a training pass, cut
+    by the cursor; another one started after `model.eval()` is an evaluation pass: each replica group reads the whole dataset over its own processes (as a
     DataLoader prepared without fault tolerance on the group's processes would), so a group lost
     during an evaluation costs the others nothing, and every group computes the same numbers. The
     loader counts its passes; a restarted group's script starts again at its first line, and the
@@ -100,6 +100,7 @@ class CursorLoader:
         self.last_indices: list[int] = []  # the dataset indices of the batch last yielded
         self.participants = 0  # participating ranks of the step last drawn
         self.passes = 0  # passes this script started over the loader
+        self.trains = False  # an optimizer step closed during one of its training passes
         self.iterating = False  # inside a training pass
         self.evaluating = False  # inside an evaluation pass
         self._skip_through = 0  # passes up to this one the job finished before a heal
@@ -198,15 +199,18 @@ class CursorLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self.passes += 1
+        # A loader the optimizer has stepped over stays a training loader (transformers' Trainer
+        # calls model.train() only once a batch is drawn); another follows the model's mode.
+        training = self.trains or self._training()
         if self.passes <= self._skip_through:
             # The job finished this pass before this group came back: a training pass yields
             # nothing; an evaluation pass runs again with the job's gathered results.
-            if not self._training() and self.passes in self.gathered:
+            if not training and self.passes in self.gathered:
                 yield from self._evaluation_pass(replay=self.gathered[self.passes])
             return
-        if self._finished() and self._training():
+        if self._finished() and training:
             return  # a group's script ended: nobody trains past the job's last step
-        if not self._training():
+        if not training:
             yield from self._evaluation_pass()
             return
         if self.cursor >= len(self.dataset):  # a finished epoch: the next one starts
@@ -285,7 +289,12 @@ class CursorLoader:
         """Where this loader's passes stand, for a group that heals from this one (with the
         results its evaluation passes gathered)."""
         gathered = {n: list(results) for n, results in self.gathered.items()}
-        return {"passes": self.passes, "iterating": self.iterating, "gathered": gathered}
+        return {
+            "passes": self.passes,
+            "iterating": self.iterating,
+            "trains": self.trains,
+            "gathered": gathered,
+        }
 
     def line_up(self, record: dict[str, Any], group: int) -> None:
         """Take the job's pass count from a peer's `pass_record`: the passes the job finished are
@@ -307,6 +316,7 @@ class CursorLoader:
             )
         self._skip_through = done
         self._live_from = live
+        self.trains = self.trains or bool(record.get("trains"))
         # The job's results of the passes this group missed; its own of those it evaluated.
         for number, results in record.get("gathered", {}).items():
             self.gathered.setdefault(int(number), list(results))
@@ -320,6 +330,7 @@ class CursorLoader:
         if committed:
             self.cursor += self._pending
         self._pending = 0
+        self.trains = self.trains or self.iterating
 
     def state_dict(self) -> dict[str, Any]:
         """The committed position, as a prepared dataloader's (a heal, or `save_state`)."""
