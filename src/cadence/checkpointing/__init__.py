@@ -35,6 +35,7 @@ from .errors import (
 )
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, is_complete, read_manifest, verify
 from .model_io import load_checkpoint_in_model, load_state_dict, parse_shard_size, save_model
+from .node_verify import SharedVerificationError, hashed_bytes
 from .reader import CheckpointReader, open_checkpoint
 from .rotation import (
     CheckpointEntry,
@@ -62,6 +63,8 @@ from .serialization import (
 from .writer_lock import WriterLockedError
 
 __all__ = [
+    "SharedVerificationError",
+    "hashed_bytes",
     "MANIFEST_NAME",
     "AsyncCheckpointSaver",
     "CheckpointCommitError",
