@@ -107,7 +107,15 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import multi_rank_load  # noqa: E402  (the ranks mode, beside this file)
+
 WIDTH = 2048
+
+
+def this_module():
+    """This file as a module, for the ranks mode's helpers (build_state, warm, ...)."""
+    return sys.modules[__name__]
 
 
 def build_state(million_params: int, step: bool = True):
@@ -381,11 +389,23 @@ def main() -> None:
     parser.add_argument(
         "--mode",
         nargs="+",
-        choices=["cold", "new-process", "repeated"],
+        choices=["cold", "new-process", "repeated", "ranks"],
         default=["cold", "new-process"],
         help="cold and new-process: each load in a new process (cold: the files dropped from "
-        "the page cache first); repeated: loads in one long-lived process, with save times",
+        "the page cache first); repeated: loads in one long-lived process, with save times; "
+        "ranks: several processes of this machine, every rank loading (multi_rank_load.py)",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="ranks mode: the numbers of processes",
+    )
+    parser.add_argument(
+        "--warm-loads", type=int, default=2, help="ranks mode: loads after the first"
+    )
+    parser.add_argument("--rank-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--no-step",
         action="store_true",
@@ -397,6 +417,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.params, Path(args.dir))
+        return
+    if args.rank_child:
+        multi_rank_load.rank_main(
+            args.rank_child, args.params, Path(args.dir), args.cold, args.warm_loads, this_module()
+        )
         return
     if args.child == "save":
         save_both(args.params, Path(args.dir))
@@ -413,6 +438,16 @@ def main() -> None:
             new_process_rounds(args, folder)
         if "repeated" in args.mode:
             repeated_rounds(args, folder)
+        if "ranks" in args.mode:
+            multi_rank_load.multi_rank_rounds(
+                os.path.abspath(__file__),
+                args.params,
+                args.rounds,
+                args.processes,
+                folder,
+                args.warm_loads,
+                this_module(),
+            )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
