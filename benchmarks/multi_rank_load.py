@@ -80,18 +80,17 @@ def rank_main(variant: str, params: int, folder: Path, cold: bool, warm_loads: i
             bench.drop_from_cache(source)
         dist.barrier()
     start_cpu = time.process_time()
-    first = timed_load()
+    if os.environ.get("BENCH_PROFILE") == "first" and rank == 0:  # where the first call's time goes
+        first = _profiled(timed_load)
+    else:
+        first = timed_load()
     first_cpu = time.process_time() - start_cpu
-    warm = [timed_load() for _ in range(warm_loads)]
-    if os.environ.get("BENCH_PROFILE") and rank == 0:  # where a warm load's time goes
-        import cProfile
-        import pstats
-
-        profile = cProfile.Profile()
-        profile.runcall(timed_load)
-        pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(12)
-    elif os.environ.get("BENCH_PROFILE"):
-        timed_load()
+    warm = []
+    for _ in range(warm_loads):
+        start_cpu = time.process_time()
+        warm.append((timed_load(), time.process_time() - start_cpu))
+    if os.environ.get("BENCH_PROFILE") == "warm":  # where a warm load's time goes
+        _profiled(timed_load) if rank == 0 else timed_load()
     load_average = float(open("/proc/loadavg").read().split()[0])
     print(
         json.dumps({"first": first, "first_cpu": first_cpu, "warm": warm, "loadavg": load_average}),
@@ -99,6 +98,16 @@ def rank_main(variant: str, params: int, folder: Path, cold: bool, warm_loads: i
     )
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _profiled(fn) -> float:
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    result = profile.runcall(fn)
+    pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+    return result
 
 
 def launch(script: str, variant: str, processes: int, params: int, folder: Path, cold: bool,
@@ -138,7 +147,7 @@ def launch(script: str, variant: str, processes: int, params: int, folder: Path,
 def _ratio_line(label: str, ours: list[float], raw: list[float]) -> str:
     ratios = [o / r for o, r in zip(ours, raw)]
     return (
-        f"{label:32s} raw {statistics.median(raw):.3f}s  cadence {statistics.median(ours):.3f}s"
+        f"{label:40s} raw {statistics.median(raw):.3f}s  cadence {statistics.median(ours):.3f}s"
         f"  cadence / raw {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
     )
 
@@ -151,6 +160,7 @@ def multi_rank_rounds(script: str, params: int, rounds: int, process_counts: lis
         folder.mkdir(parents=True, exist_ok=True)
         launch(script, "save", processes, params, folder, False, 0)
         times: dict[tuple[str, str], list[float]] = {}
+        cpu: dict[tuple[str, str], list[float]] = {}
         loads: list[float] = []
         for r in range(rounds):
             variants = ["raw", "cadence"] if r % 2 == 0 else ["cadence", "raw"]
@@ -161,11 +171,18 @@ def multi_rank_rounds(script: str, params: int, rounds: int, process_counts: lis
                     ranks = launch(script, variant, processes, params, folder, cold, warm_loads)
                     first = max(o["first"] for o in ranks)
                     warm = statistics.median(
-                        max(o["warm"][i] for o in ranks) for i in range(warm_loads)
+                        max(o["warm"][i][0] for o in ranks) for i in range(warm_loads)
                     )
                     kind = "cold" if cold else "first"
                     times.setdefault((kind, variant), []).append(first)
                     times.setdefault(("warm", variant), []).append(warm)
+                    # CPU time of all ranks together: what the load costs the machine
+                    cpu.setdefault((kind, variant), []).append(sum(o["first_cpu"] for o in ranks))
+                    cpu.setdefault(("warm", variant), []).append(
+                        statistics.median(
+                            sum(o["warm"][i][1] for o in ranks) for i in range(warm_loads)
+                        )
+                    )
                     loads += [o["loadavg"] for o in ranks]
                     print(
                         f"{processes} processes round {r} {variant:8s} "
@@ -185,6 +202,9 @@ def multi_rank_rounds(script: str, params: int, rounds: int, process_counts: lis
                     times[(kind, "cadence")],
                     times[(kind, "raw")],
                 )
+            )
+            print(
+                _ratio_line("    CPU time, all ranks", cpu[(kind, "cadence")], cpu[(kind, "raw")])
             )
         print(
             f"load average during the loads: median {statistics.median(loads):.2f} "

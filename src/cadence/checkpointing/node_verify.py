@@ -106,6 +106,15 @@ class MappedFile:
             return torch.empty(0, dtype=torch.uint8)
         return torch.frombuffer(self._map, dtype=torch.uint8)
 
+    def read_ahead(self) -> None:
+        """Ask the kernel to start reading the whole file into the page cache (a hint): on a node
+        whose cache does not hold it, the disk works while earlier files are hashed."""
+        if self.size and hasattr(os, "posix_fadvise") and self._fd >= 0:
+            try:
+                os.posix_fadvise(self._fd, 0, self.size, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass  # a hint only: hashing reads the pages either way
+
     def unchanged(self) -> bool:
         """Whether the file still has the identity it had when it was mapped."""
         return self._fd >= 0 and _identity(self._fd) == self.identity
@@ -240,6 +249,8 @@ def _verify_mapped(
         )
     shares = assign_shares(Need(e["rank"], e["node"], e["files"]) for e in everyone)
     problems: list[str] = []
+    for name in shares.get(rank, []):
+        mapped[name].read_ahead()
     for name in shares.get(rank, []):
         one = mapped[name]
         _, checksum, algorithm = files[name]
