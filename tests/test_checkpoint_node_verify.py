@@ -165,6 +165,8 @@ def _dying_rank(rank, world, port, folder, results):
         results.put((rank, type(e).__name__, str(e)))
     else:
         results.put((rank, None, "loaded"))
+    results.close()
+    results.join_thread()  # delivered before the hard exit below
     os._exit(0)
 
 
