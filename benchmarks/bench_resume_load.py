@@ -17,6 +17,11 @@ afterwards). Modes (--mode, default: cold new-process):
   repeated:    loads repeated in long-lived processes, warm cache, with save times and optionally
                the reference (--reference-python) and an older Cadence (--before-src)
 
+  ranks:       several processes of this machine (--processes, default 2 4), every rank loading
+               the same checkpoint: warm, first call in a new process, cold, against the raw mmap
+               load on every rank (multi_rank_load.py; issue 46; numbers in
+               docs/concepts/checkpoints.md)
+
 Raw, Cadence and (with --before-src) an older Cadence take turns, the order reversed every round;
 medians and min-max of each ratio to the raw load of the same round are printed, of wall time and
 of the process's CPU time (all threads), with the load average of each load: on a machine shared
@@ -25,7 +30,7 @@ modes the first `import` of Cadence's checkpoint modules is done (and printed) b
 load: it is not the load's cost, and where PYTHONDONTWRITEBYTECODE is set it compiles them.
 
 Run: python benchmarks/bench_resume_load.py [--params 100] [--rounds 5] [--mode ...]
-     [--before-src PATH] [--reference-python PATH] [--dir DIR]
+     [--before-src PATH] [--reference-python PATH] [--dir DIR] [--processes 2 4]
 
 Measured for issue 32 (item 4) on the development machine, a 2-core KVM guest shared with other
 helpers' test runs, 100M parameters, `--rounds 3 --before-src <the previous commit's src>`:
