@@ -85,6 +85,28 @@ def test_each_byte_is_hashed_once_per_machine(dist_pool, tmp_path, world):
     assert all(0 < count < sum(hashed) for count in hashed)
 
 
+def load_own_copy(folders):
+    import torch.distributed as dist
+
+    return load_and_count(folders[dist.get_rank()])
+
+
+def test_ranks_loading_separate_copies_verify_each_their_own(dist_pool, tmp_path):
+    # Same file names, different files (each rank its own copy): no rank relies on another's check.
+    import shutil
+
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save, folder)
+    copy = str(tmp_path / "copy")
+    shutil.copytree(folder, copy)
+    results = dist_pool(2).run(load_own_copy, [folder, copy])
+    assert all(restored for _, restored in results)
+    needed = _needed_bytes(folder, 2)
+    other = [os.path.getsize(os.path.join(folder, f"random_states_{1 - r}.pkl")) for r in range(2)]
+    # each rank hashed the shared files and its own RNG state, not the other's
+    assert [count for count, _ in results] == [needed - other[r] for r in range(2)]
+
+
 def test_one_process_hashes_everything_it_loads(dist_pool, tmp_path):
     folder = str(tmp_path / "ckpt")
     dist_pool(1).run(save, folder)

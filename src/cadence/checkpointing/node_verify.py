@@ -72,6 +72,14 @@ def node_name() -> str:
 Identity = tuple[int, int, int, int, int]
 
 
+def _folder_id(path: Path) -> str:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return os.fspath(path)
+    return f"{info.st_dev}:{info.st_ino}"
+
+
 def _identity(fd: int) -> Identity:
     info = os.fstat(fd)
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
@@ -230,7 +238,9 @@ def _verify_mapped(
 ) -> dict[str, MappedFile]:
     opened = {
         "rank": rank,
-        "node": node_name(),
+        # Ranks share work only on one machine and only for one folder: ranks that load folders
+        # of the same name from different places (each its own copy) verify each their own.
+        "node": f"{node_name()}|{_folder_id(path)}",
         "files": {n: m.size for n, m in mapped.items()},
         "ids": {n: m.identity for n, m in mapped.items()},
     }
