@@ -31,11 +31,12 @@ from .errors import (
     CheckpointError,
     CheckpointIncompleteError,
     CheckpointMismatchError,
+    SharedVerificationError,
     UnsafeCheckpointError,
 )
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, is_complete, read_manifest, verify
 from .model_io import load_checkpoint_in_model, load_state_dict, parse_shard_size, save_model
-from .node_verify import SharedVerificationError, hashed_bytes
+from .node_verify import hashed_bytes
 from .reader import CheckpointReader, open_checkpoint
 from .rotation import (
     CheckpointEntry,

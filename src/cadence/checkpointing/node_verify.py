@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import new_hasher
-from .errors import CheckpointCorruptError, CheckpointError, describe_problems
+from .errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    SharedVerificationError,
+    describe_problems,
+)
 from .safe_io import open_member
 
 # Hashed in pieces of this size, each right after its pages were mapped in.
@@ -52,11 +57,6 @@ def count_hashed(size: int) -> None:
     """Add `size` bytes to `hashed_bytes()` (called by every checksum of a loaded file)."""
     with _counter_lock:
         _hashed[0] += size
-
-
-class SharedVerificationError(CheckpointError, RuntimeError):
-    """The ranks could not agree on a checkpoint's verification: another process failed or died
-    during it. Nothing of the checkpoint was applied."""
 
 
 def node_name() -> str:
