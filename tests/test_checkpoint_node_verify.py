@@ -143,6 +143,33 @@ def test_a_damaged_file_in_any_share_is_refused_on_every_rank(dist_pool, tmp_pat
         assert untouched, f"rank {rank} applied part of a damaged checkpoint"
 
 
+def load_with_a_failing_share(folder):
+    """Rank 1 cannot read its share (an I/O error while hashing): every rank refuses the load."""
+    import torch.distributed as dist
+
+    from cadence.checkpointing import node_verify
+
+    def unreadable(self, algorithm):
+        raise OSError(5, "Input/output error")
+
+    original = node_verify.MappedFile.hash
+    if dist.get_rank() == 1:
+        node_verify.MappedFile.hash = unreadable
+    try:
+        return load_refused(folder)
+    finally:
+        node_verify.MappedFile.hash = original
+
+
+def test_a_rank_failing_in_its_share_stops_every_rank(dist_pool, tmp_path):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save, folder)
+    for rank, (error, untouched) in enumerate(dist_pool(2).run(load_with_a_failing_share, folder)):
+        assert error is not None and error[0] == "CheckpointCorruptError", (rank, error)
+        assert "process 1 could not verify its share" in error[1] and "Input/output" in error[1]
+        assert untouched
+
+
 def test_assign_shares_splits_each_machine_on_its_own():
     from cadence.checkpointing.node_verify import Need, assign_shares
 

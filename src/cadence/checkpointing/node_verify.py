@@ -228,6 +228,44 @@ def verify_together(
         raise
 
 
+def _check_share(
+    names: list[str],
+    files: dict[str, tuple[int, str | None, str | None]],
+    mapped: dict[str, MappedFile],
+    everyone: list[dict],
+    node: str,
+    rank: int,
+) -> list[str]:
+    """Hash the files `names` (this rank's share); the problems found."""
+    problems: list[str] = []
+    for name in names:
+        mapped[name].read_ahead()
+    for name in names:
+        one = mapped[name]
+        _, checksum, algorithm = files[name]
+        if checksum is not None and algorithm is not None:
+            actual = one.hash(algorithm)
+            if actual != checksum:
+                problems.append(
+                    f"{name}: content changed since the save ({algorithm} is {actual}, the "
+                    f"manifest says {checksum}; found by process {rank})"
+                )
+        if not one.unchanged():
+            problems.append(f"{name}: changed while process {rank} verified it")
+        # The others use this machine's verification only of the very file this rank hashed.
+        others = [
+            e["rank"]
+            for e in everyone
+            if e["node"] == node and tuple(e["ids"].get(name, one.identity)) != one.identity
+        ]
+        if others:
+            problems.append(
+                f"{name}: processes {others} opened another file than process {rank} verified "
+                "(was it replaced during the load?)"
+            )
+    return problems
+
+
 def _verify_mapped(
     path: Path,
     files: dict[str, tuple[int, str | None, str | None]],
@@ -258,33 +296,10 @@ def _verify_mapped(
             problems=[f"rank {entry['rank']}: {entry['failure']}" for entry in failed],
         )
     shares = assign_shares(Need(e["rank"], e["node"], e["files"]) for e in everyone)
-    problems: list[str] = []
-    for name in shares.get(rank, []):
-        mapped[name].read_ahead()
-    for name in shares.get(rank, []):
-        one = mapped[name]
-        _, checksum, algorithm = files[name]
-        if checksum is not None and algorithm is not None:
-            actual = one.hash(algorithm)
-            if actual != checksum:
-                problems.append(
-                    f"{name}: content changed since the save ({algorithm} is {actual}, the "
-                    f"manifest says {checksum}; found by process {rank})"
-                )
-        if not one.unchanged():
-            problems.append(f"{name}: changed while process {rank} verified it")
-        # The others use this machine's verification only of the very file this rank hashed.
-        others = [
-            e["rank"]
-            for e in everyone
-            if e["node"] == opened["node"]
-            and tuple(e["ids"].get(name, one.identity)) != one.identity
-        ]
-        if others:
-            problems.append(
-                f"{name}: processes {others} opened another file than process {rank} verified "
-                "(was it replaced during the load?)"
-            )
+    try:
+        problems = _check_share(shares.get(rank, []), files, mapped, everyone, opened["node"], rank)
+    except Exception as e:  # reported like a damaged file: the others must not wait for this rank
+        problems = [f"process {rank} could not verify its share ({type(e).__name__}: {e})"]
     results = _exchange(agree, problems, rank, path, "the exchange of the checksums' results")
     problems = [p for part in results for p in part]
     if problems:
