@@ -9,7 +9,9 @@ each rank timed from a common barrier. Raw: `torch.load(mmap=True, weights_only=
 model's and the optimizer's torch.save'd files on every rank, `load_state_dict` of both (the
 optimizer's state stays in the mapping, as an expert's resume would leave it). Cadence:
 `Accelerator.load_state` (every byte of the files checksummed once per machine, the ranks agreeing
-on the result before anything is applied).
+on the result before anything is applied). Also timed: the first optimizer step after the first
+load, where the raw load reads the optimizer's bytes it left in the mapping. BENCH_PROFILE=first or
+=warm prints rank 0's profile of the first or of one more warm load.
 """
 
 from __future__ import annotations
