@@ -17,6 +17,11 @@ afterwards). Modes (--mode, default: cold new-process):
   repeated:    loads repeated in long-lived processes, warm cache, with save times and optionally
                the reference (--reference-python) and an older Cadence (--before-src)
 
+  ranks:       several processes of this machine (--processes, default 2 4), every rank loading
+               the same checkpoint: warm, first call in a new process, cold, against the raw mmap
+               load on every rank (multi_rank_load.py; issue 46; numbers in
+               docs/concepts/checkpoints.md)
+
 Raw, Cadence and (with --before-src) an older Cadence take turns, the order reversed every round;
 medians and min-max of each ratio to the raw load of the same round are printed, of wall time and
 of the process's CPU time (all threads), with the load average of each load: on a machine shared
@@ -25,7 +30,7 @@ modes the first `import` of Cadence's checkpoint modules is done (and printed) b
 load: it is not the load's cost, and where PYTHONDONTWRITEBYTECODE is set it compiles them.
 
 Run: python benchmarks/bench_resume_load.py [--params 100] [--rounds 5] [--mode ...]
-     [--before-src PATH] [--reference-python PATH] [--dir DIR]
+     [--before-src PATH] [--reference-python PATH] [--dir DIR] [--processes 2 4]
 
 Measured for issue 32 (item 4) on the development machine, a 2-core KVM guest shared with other
 helpers' test runs, 100M parameters, `--rounds 3 --before-src <the previous commit's src>`:
@@ -107,7 +112,15 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import multi_rank_load  # noqa: E402  (the ranks mode, beside this file)
+
 WIDTH = 2048
+
+
+def this_module():
+    """This file as a module, for the ranks mode's helpers (build_state, warm, ...)."""
+    return sys.modules[__name__]
 
 
 def build_state(million_params: int, step: bool = True):
@@ -381,11 +394,23 @@ def main() -> None:
     parser.add_argument(
         "--mode",
         nargs="+",
-        choices=["cold", "new-process", "repeated"],
+        choices=["cold", "new-process", "repeated", "ranks"],
         default=["cold", "new-process"],
         help="cold and new-process: each load in a new process (cold: the files dropped from "
-        "the page cache first); repeated: loads in one long-lived process, with save times",
+        "the page cache first); repeated: loads in one long-lived process, with save times; "
+        "ranks: several processes of this machine, every rank loading (multi_rank_load.py)",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="ranks mode: the numbers of processes",
+    )
+    parser.add_argument(
+        "--warm-loads", type=int, default=2, help="ranks mode: loads after the first"
+    )
+    parser.add_argument("--rank-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--no-step",
         action="store_true",
@@ -397,6 +422,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.params, Path(args.dir))
+        return
+    if args.rank_child:
+        multi_rank_load.rank_main(
+            args.rank_child, args.params, Path(args.dir), args.cold, args.warm_loads, this_module()
+        )
         return
     if args.child == "save":
         save_both(args.params, Path(args.dir))
@@ -413,6 +443,16 @@ def main() -> None:
             new_process_rounds(args, folder)
         if "repeated" in args.mode:
             repeated_rounds(args, folder)
+        if "ranks" in args.mode:
+            multi_rank_load.multi_rank_rounds(
+                os.path.abspath(__file__),
+                args.params,
+                args.rounds,
+                args.processes,
+                folder,
+                args.warm_loads,
+                this_module(),
+            )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

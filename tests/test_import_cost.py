@@ -16,6 +16,15 @@ DEFERRED_SUBSYSTEMS = (
     "cadence.plugins.fsdp",
     "cadence.plugins.megatron",
     "cadence.diagnostics.watchdog",  # the watchdog: only with several processes
+    "cadence.diagnostics.hooks",  # diagnostics beyond the ledger the watchdog reads
+    "cadence.diagnostics.channel",
+    "cadence.diagnostics.verdict",
+    "cadence.diagnostics.failure_report",
+    "cadence.diagnostics.signing",
+    "cadence.fault_tolerance",  # fault tolerance: only when a script or its launch turns it on
+    "cadence.strategies.context_parallel",  # context parallelism: only with cp_size > 1
+    "cadence.strategies.deepspeed_ulysses",  # sequence parallelism (DeepSpeed's Ulysses)
+    "cadence.strategies.tp",
     "cadence.tracking.registry",  # the tracker classes: only with log_with
     "cadence.tracking.wandb",
     "cadence.tracking.tensorboard",
@@ -53,6 +62,28 @@ def test_from_cadence_import_accelerator_leaves_heavy_subsystems_unloaded():
     assert "cadence.accelerator.facade" in loaded  # the import did happen
     assert not _offenders(loaded, DEFERRED_SUBSYSTEMS)
     assert not _offenders(loaded - _loaded_after("import torch"), OPTIONAL_PACKAGES)
+
+
+# What an Accelerator that does not ask for them does not load either (issue 46).
+UNUSED_BY_A_PLAIN_ACCELERATOR = (
+    "cadence.fault_tolerance",
+    "cadence.strategies.context_parallel",
+    "cadence.strategies.deepspeed",
+    "cadence.strategies.deepspeed_ulysses",
+    "cadence.tracking.registry",
+    "torchft",
+    "deepspeed",
+)
+
+
+def test_a_plain_accelerator_leaves_fault_tolerance_and_parallelism_unloaded():
+    loaded = _loaded_after(
+        "import torch\n"
+        "from cadence import Accelerator\n"
+        "acc = Accelerator(cpu=True)\n"
+        "model, opt = acc.prepare(torch.nn.Linear(2, 2), torch.optim.SGD([torch.zeros(1)], lr=0.1))"
+    )
+    assert not _offenders(loaded, UNUSED_BY_A_PLAIN_ACCELERATOR)
 
 
 def test_import_cadence_loads_only_the_namespace():

@@ -11,6 +11,7 @@ so importing it stays cheap).
 | `CheckpointCorruptError` | CheckpointError | a committed file changed since |
 | `UnsafeCheckpointError` | CheckpointError | a file needs unpickling and no opt-in was given |
 | `CheckpointCommitError` | CheckpointError | committing a save failed |
+| `SharedVerificationError` | CheckpointError, RuntimeError | a process died or failed while the processes of a machine verified a checkpoint together |
 | `NotCheckpointableError` | TypeError, ValueError | an object without state_dict/load_state_dict was registered |
 | `LaunchEnvironmentError` | RuntimeError | the launch environment (RANK, WORLD_SIZE, ...) is half set |
 | `LaunchConfigError` | RuntimeError | the launcher's settings record is unreadable |
@@ -34,6 +35,7 @@ _EXPORTS = {
     "CheckpointCorruptError": "cadence.checkpointing.errors",
     "UnsafeCheckpointError": "cadence.checkpointing.errors",
     "CheckpointCommitError": "cadence.checkpointing.errors",
+    "SharedVerificationError": "cadence.checkpointing.errors",
     "NotCheckpointableError": "cadence.checkpointing.checkpointer",
     "LaunchEnvironmentError": "cadence.runtime.topology",
     "LaunchConfigError": "cadence.core.settings",

@@ -22,7 +22,6 @@ import torch
 
 from ..core.prepared import PreparedObjects
 from ..core.settings import describe, read_launch_config
-from ..fault_tolerance.start import start_fault_tolerance
 from ..options.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -322,15 +321,19 @@ class Accelerator(
         if backend is not None and settings.precision.fp8_handler is None:
             name = {"AO": "ao_recipe_handler", "TE": "te_recipe_handler"}[backend]
             setattr(self, name, self._strategy.precision.recipe_handler)
-        self._fault_tolerance = start_fault_tolerance(
-            settings.fault_tolerance,
-            device=self.state.device,
-            group_rank=self.state.process_index,  # each replica group is its own elastic job
-            group_world_size=self.state.num_processes,
-            group_barrier=self.state.wait_for_everyone,
-            syncing=_syncing(self.gradient_state),
-            registered=self._prepared.custom_objects,
-        )
+        self._fault_tolerance = None
+        if settings.fault_tolerance is not None:
+            from ..fault_tolerance.start import start_fault_tolerance  # deferred: only when on
+
+            self._fault_tolerance = start_fault_tolerance(
+                settings.fault_tolerance,
+                device=self.state.device,
+                group_rank=self.state.process_index,  # each replica group is its own elastic job
+                group_world_size=self.state.num_processes,
+                group_barrier=self.state.wait_for_everyone,
+                syncing=_syncing(self.gradient_state),
+                registered=self._prepared.custom_objects,
+            )
         self._preparer = Preparer(
             self._strategy,
             self._prepared,

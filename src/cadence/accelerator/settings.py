@@ -8,16 +8,11 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.enums import DynamoBackend, RNGType
 from ..core.input_errors import rank_named_errors
 from ..core.settings import Resolved, resolve, resolve_flag
-from ..fault_tolerance.config import (
-    FaultToleranceConfig,
-    check_parallelism,
-    resolve_fault_tolerance,
-)
 from ..options.dataclasses import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -28,6 +23,9 @@ from ..options.dataclasses import (
 from ..plugins.resolve import resolve_parallel_plugins
 from ..precision.choice import PrecisionChoice, choose_precision
 from ..xla.runtime import xla_requested
+
+if TYPE_CHECKING:
+    from ..fault_tolerance.config import FaultToleranceConfig
 
 # Constructor arguments of older releases that still reach us through user scripts.
 _DATALOADER_ALIASES = ("dispatch_batches", "even_batches", "use_seedable_sampler")
@@ -121,14 +119,22 @@ class AcceleratorSettings:
         }
         if xla and parallel.deepspeed_plugins:  # asked for through the launcher or the environment
             raise _xla_deepspeed_error()
-        fault_tolerance = resolve_fault_tolerance(handlers.get("FaultToleranceConfig"), launch)
-        check_parallelism(
-            fault_tolerance,
-            fsdp_plugin=parallel.fsdp_plugin,
-            deepspeed_plugins=parallel.deepspeed_plugins,
-            torch_tp_plugin=args["torch_tp_plugin"],
-            parallelism_config=parallel.parallelism_config,
-        )
+        fault_tolerance = None
+        handler = handlers.get("FaultToleranceConfig")
+        if resolve("fault_tolerance", explicit=handler, launch=launch).value is not None:
+            from ..fault_tolerance.config import (  # deferred: only for a script that turns it on
+                check_parallelism,
+                resolve_fault_tolerance,
+            )
+
+            fault_tolerance = resolve_fault_tolerance(handler, launch)
+            check_parallelism(
+                fault_tolerance,
+                fsdp_plugin=parallel.fsdp_plugin,
+                deepspeed_plugins=parallel.deepspeed_plugins,
+                torch_tp_plugin=args["torch_tp_plugin"],
+                parallelism_config=parallel.parallelism_config,
+            )
         return cls(
             device_placement=bool(args["device_placement"]),
             precision=precision,

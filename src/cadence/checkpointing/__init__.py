@@ -31,10 +31,12 @@ from .errors import (
     CheckpointError,
     CheckpointIncompleteError,
     CheckpointMismatchError,
+    SharedVerificationError,
     UnsafeCheckpointError,
 )
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, is_complete, read_manifest, verify
 from .model_io import load_checkpoint_in_model, load_state_dict, parse_shard_size, save_model
+from .node_verify import hashed_bytes
 from .reader import CheckpointReader, open_checkpoint
 from .rotation import (
     CheckpointEntry,
@@ -62,6 +64,8 @@ from .serialization import (
 from .writer_lock import WriterLockedError
 
 __all__ = [
+    "SharedVerificationError",
+    "hashed_bytes",
     "MANIFEST_NAME",
     "AsyncCheckpointSaver",
     "CheckpointCommitError",

@@ -408,7 +408,10 @@ class Checkpointer:
             sharded=strategy.saves_sharded_state,
             world_size=self.num_processes,
         )
-        loaded = read_training_state(path, targets, allow_pickle=allow_pickle)
+        # With several processes, those of a machine verify the files they share once, together
+        # (node_verify), and all of them refuse a checkpoint any of them found damaged.
+        agree = gather_object if self.num_processes > 1 else None
+        loaded = read_training_state(path, targets, allow_pickle=allow_pickle, agree=agree)
         saved_world = loaded.saved_world_size
         if strategy.saves_sharded_state and not getattr(strategy, "reshards_on_load", True):
             if saved_world is not None and saved_world != self.num_processes:

@@ -47,3 +47,8 @@ class CheckpointCommitError(CheckpointError):
 def describe_problems(header: str, problems: list[str]) -> str:
     """One message: a header line, then each problem on its own indented line."""
     return header + "".join(f"\n  - {p}" for p in problems)
+
+
+class SharedVerificationError(CheckpointError, RuntimeError):
+    """The processes verifying a checkpoint together could not agree: another process failed or
+    died during the verification. Nothing of the checkpoint was applied."""

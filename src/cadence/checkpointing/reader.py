@@ -31,6 +31,7 @@ from .atomic import recover_interrupted_commit
 from .checksums import ALGORITHMS
 from .errors import (
     CheckpointCorruptError,
+    CheckpointError,
     CheckpointIncompleteError,
     describe_problems,
 )
@@ -42,6 +43,7 @@ from .manifest import (
     checksum_available,
     read_manifest,
 )
+from .node_verify import MappedFile, count_hashed, verify_together
 from .safe_io import (
     check_member,
     hash_member,
@@ -50,7 +52,7 @@ from .safe_io import (
     read_verified,
 )
 from .schema import check_member_name
-from .serialization import read_torch_buffer
+from .serialization import BufferFile, read_torch_buffer
 from .tensor_file import read_tensor_file, tensors_from_buffer
 from .torch_file import SegmentedFile, read_torch_file
 
@@ -73,6 +75,8 @@ class CheckpointReader:
         self.verify_mode = verify
         self._prefetched: dict[str, Future] = {}
         self._pool: ThreadPoolExecutor | None = None
+        # Files verified together with the other ranks of this machine (verify_together).
+        self._mapped: dict[str, MappedFile] = {}
 
     # ---------------------------------------------------------------- files
     def has(self, name: str) -> bool:
@@ -137,6 +141,7 @@ class CheckpointReader:
         size, checksum, algorithm = self._record(name)
         if checksum is not None:
             actual = hash_member(self.path, name, size, algorithm)
+            count_hashed(size)
             if actual != checksum:
                 problem = (
                     f"{name}: content changed since the save ({algorithm} is {actual}, "
@@ -163,8 +168,13 @@ class CheckpointReader:
 
     def read_bytes(self, name: str) -> bytes:
         """The verified content of file `name`."""
+        mapped = self._mapped.get(name)
+        if mapped is not None:
+            return bytes(mapped.view())
         size, checksum, algorithm = self._record(name)
-        return read_bytes_verified(self.path, name, size, checksum, algorithm)
+        return _counted(
+            read_bytes_verified(self.path, name, size, checksum, algorithm), size, checksum
+        )
 
     def read_json(self, name: str) -> Any:
         """File `name` parsed as JSON, after verification."""
@@ -194,7 +204,7 @@ class CheckpointReader:
 
     def _read_verified(self, name: str) -> Any:
         size, checksum, algorithm = self._record(name)
-        return read_verified(self.path, name, size, checksum, algorithm)
+        return _counted(read_verified(self.path, name, size, checksum, algorithm), size, checksum)
 
     def _whole_file(self, name: str) -> SegmentedFile:
         """File `name` read and verified (by `prefetch`, or now) as a whole, not tensor by tensor."""
@@ -205,11 +215,12 @@ class CheckpointReader:
 
     def _read_torch(self, name: str) -> SegmentedFile:
         size, checksum, algorithm = self._record(name)
-        return read_torch_file(self.path, name, size, checksum, algorithm)
+        return _counted(read_torch_file(self.path, name, size, checksum, algorithm), size, checksum)
 
     def _read_tensors(self, name: str) -> dict[str, torch.Tensor]:
         size, checksum, algorithm = self._record(name)
-        return read_tensor_file(self.path, name, size, checksum, algorithm)[0]
+        tensors = read_tensor_file(self.path, name, size, checksum, algorithm)[0]
+        return _counted(tensors, size, checksum)
 
     def _buffer(self, name: str) -> Any:
         """The verified content of `name` in private memory (a uint8 tensor), read exactly once."""
@@ -228,10 +239,14 @@ class CheckpointReader:
 
         if kwargs.get("weights_only") is False:
             allow_pickle = True
-        data = self._whole_file(name)
+        mapped = self._mapped.get(name)
+        data = mapped.tensor() if mapped is not None else self._whole_file(name)
         source = os.fspath(self.path / name)
         if not allow_pickle:
-            _check_torch_archive(data.open(), data.size, source, self.path)
+            if mapped is not None:
+                _check_torch_archive(BufferFile(mapped.view()), mapped.size, source, self.path)
+            else:
+                _check_torch_archive(data.open(), data.size, source, self.path)
         return read_torch_buffer(
             data, map_location, source=source, allow_pickle=allow_pickle, **kwargs
         )
@@ -241,7 +256,10 @@ class CheckpointReader:
         memory and returned after the whole file's checksum matched (see read_tensor_file)."""
 
         future = self._prefetched.pop(name, None)
-        if future is not None and _is_tensor_file(name):
+        mapped = self._mapped.get(name)
+        if mapped is not None:  # verified with the other ranks: views of the mapping
+            tensors, _ = tensors_from_buffer(mapped.tensor(), os.fspath(self.path / name))
+        elif future is not None and _is_tensor_file(name):
             tensors = future.result()
         elif _is_tensor_file(name):
             tensors = self._read_tensors(name)
@@ -250,6 +268,41 @@ class CheckpointReader:
         if str(device) != "cpu":
             tensors = {k: v.to(device) for k, v in tensors.items()}
         return tensors
+
+    # ---------------------------------------------------------------- shared verification
+    def verify_together(
+        self,
+        names: list[str],
+        rank: int,
+        agree: Any,
+        failure: CheckpointError | None = None,
+    ) -> None:
+        """Verify files `names` (what this rank will load) together with the other ranks of its
+        machine, each hashing its share, and agree on the result (node_verify.verify_together: a
+        collective, every rank calls it once). Afterwards `load_object` / `load_tensors` of these
+        files cut their tensors out of the shared, verified mappings without reading them again."""
+        files: dict[str, tuple[int, str | None, str | None]] = {}
+        if failure is None:
+            try:
+                files = {name: self._record(name) for name in names}
+            except CheckpointError as e:
+                failure = e
+        self._mapped = verify_together(self.path, files, rank, agree, failure)
+
+    def check_unchanged(self) -> None:
+        """Raise CheckpointCorruptError when a file verified together changed since (its identity:
+        inode, size, times); called right before the loaded states are applied."""
+        changed = [name for name, one in self._mapped.items() if not one.unchanged()]
+        if changed:
+            problems = [f"{name}: changed on disk during the load" for name in changed]
+            raise CheckpointCorruptError(
+                describe_problems(
+                    f"Checkpoint {self.path} changed while it was loaded; nothing was applied:",
+                    problems,
+                ),
+                path=self.path,
+                problems=problems,
+            )
 
     # ---------------------------------------------------------------- finishing
     def finish(self) -> None:
@@ -260,6 +313,9 @@ class CheckpointReader:
         for future in self._prefetched.values():
             future.cancel()
         self._prefetched.clear()
+        for mapped in self._mapped.values():
+            mapped.close()
+        self._mapped = {}
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
@@ -269,6 +325,13 @@ class CheckpointReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _counted(result: Any, size: int, checksum: str | None) -> Any:
+    """`result`, after counting the `size` bytes hashed for it (none without a checksum)."""
+    if checksum is not None:
+        count_hashed(size)
+    return result
 
 
 def _is_tensor_file(name: str) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .elastic_state import derive_rng_state, has_global_position
-from .errors import CheckpointIncompleteError, CheckpointMismatchError
+from .errors import CheckpointError, CheckpointIncompleteError, CheckpointMismatchError
 from .layout import (
     custom_state_file,
     dataloader_state_file,
@@ -29,7 +29,8 @@ from .layout import (
     scaler_file,
     scheduler_file,
 )
-from .reader import open_checkpoint
+from .node_verify import verify_together
+from .reader import CheckpointReader, open_checkpoint
 from .serialization import apply_model_state, capture_rng_state, restore_rng_state
 from .state_fit import (
     ApplyStep,
@@ -87,69 +88,117 @@ class LoadedState:
     saved_world_size: int | None = None  # processes that saved (None: no manifest)
 
 
+def files_to_read(reader: CheckpointReader, targets: StateTargets) -> list[str]:
+    """The files of the checkpoint `_read_states` reads for `targets` (the same choices)."""
+    names: list[str] = []
+    if not targets.sharded:
+        for i in targets.models:
+            safe = model_file(i, True)
+            names.append(safe if reader.has(safe) else model_file(i, False))
+        names += [optimizer_file(i) for i in range(len(targets.optimizers))]
+    names += [scheduler_file(i) for i in range(len(targets.schedulers))]
+    names += [scaler_file()] if targets.scaler is not None else []
+    names += [custom_state_file(i) for i in range(len(targets.customs))]
+    saved_world = reader.manifest.world_size if reader.manifest is not None else None
+    rank, world = targets.rank, targets.world_size
+    changed = saved_world is not None and world is not None and world != saved_world
+    for i in targets.loaders:
+        name = dataloader_rank_file(i, rank)
+        names.append(name if not changed or reader.has(name) else dataloader_rank_file(i, 0))
+    name = rng_state_file(rank)
+    if not reader.has(name) and changed and rank >= saved_world:
+        name = rng_state_file(0)
+    names.append(name)
+    return [n for n in dict.fromkeys(names) if reader.has(n)]
+
+
 def read_training_state(
     path: str | os.PathLike,
     targets: StateTargets,
     *,
     allow_pickle: bool = False,
     verify: str = "full",
+    agree: Callable[[list], list] | None = None,
 ) -> LoadedState:
     """Read every state `targets` need from the checkpoint at `path` (verified, nothing applied).
 
+    agree: with several processes, the gather over the process group (every rank calls this
+    together): the ranks of a machine then verify the files they share once, each its share
+    (node_verify), and every rank raises when a file failed anywhere.
+
     Raises a CheckpointError subclass for a missing, damaged, hostile or unsafe file.
     """
+    if agree is None:
+        with open_checkpoint(path, verify=verify) as reader:
+            return _read_states(path, reader, targets, allow_pickle)
+    reader: CheckpointReader | None = None
+    try:
+        reader = open_checkpoint(path, verify=verify)
+        names = files_to_read(reader, targets)
+    except CheckpointError as failure:  # the others still wait for this rank's word
+        verify_together(Path(path), None, targets.rank, agree, failure)
+        raise
+    with reader:
+        reader.verify_together(names, targets.rank, agree)
+        loaded = _read_states(path, reader, targets, allow_pickle)
+        reader.check_unchanged()
+    return loaded
+
+
+def _read_states(
+    path: str | os.PathLike, reader: CheckpointReader, targets: StateTargets, allow_pickle: bool
+) -> LoadedState:
     loaded = LoadedState()
-    with open_checkpoint(path, verify=verify) as reader:
 
-        def obj(name: str) -> Any:
-            return reader.load_object(name, map_location="cpu", allow_pickle=allow_pickle)
+    def obj(name: str) -> Any:
+        return reader.load_object(name, map_location="cpu", allow_pickle=allow_pickle)
 
-        # Every file's tensors are allocated on this thread, one by one: memory allocated here
-        # comes from the allocator's main arena, which holds what earlier tensors freed, where a
-        # worker thread's arena (or one whole-file buffer) faults in fresh pages, which cost more
-        # than reading and hashing the bytes (measured: most of a 100M-parameter load's CPU on the
-        # development VM). Two threads then fill them (piece_read), one file after the other.
-        if not targets.sharded:
-            for i in targets.models:
-                if reader.has(model_file(i, True)):
-                    loaded.weights[i] = reader.load_tensors(model_file(i, True))
-                else:
-                    loaded.weights[i] = obj(model_file(i, False))
-            loaded.optimizers = [obj(optimizer_file(i)) for i in range(len(targets.optimizers))]
-        loaded.schedulers = [obj(scheduler_file(i)) for i in range(len(targets.schedulers))]
-        loaded.scaler = obj(scaler_file()) if targets.scaler is not None else None
-        loaded.customs = [obj(custom_state_file(i)) for i in range(len(targets.customs))]
-        saved_world = reader.manifest.world_size if reader.manifest is not None else None
-        loaded.saved_world_size = saved_world
-        rank, world = targets.rank, targets.world_size
-        changed = saved_world is not None and world is not None and world != saved_world
-        for i in targets.loaders:
-            name = dataloader_rank_file(i, rank)
-            if changed and not reader.has(name):
-                name = dataloader_rank_file(i, 0)  # the position is global: rank 0's says it
-            if reader.has(name):
-                loaded.loaders[i] = obj(name)
-                if changed and not has_global_position(loaded.loaders[i]):
-                    raise CheckpointMismatchError(
-                        f"{path} was saved on {saved_world} processes by an older Cadence, whose "
-                        f"dataloader positions ({name}) count batches per process; it resumes only "
-                        f"on {saved_world} processes (this run has {world}).",
-                        path=path,
-                    )
-        name = rng_state_file(rank)
+    # Every file's tensors are allocated on this thread, one by one: memory allocated here
+    # comes from the allocator's main arena, which holds what earlier tensors freed, where a
+    # worker thread's arena (or one whole-file buffer) faults in fresh pages, which cost more
+    # than reading and hashing the bytes (measured: most of a 100M-parameter load's CPU on the
+    # development VM). Two threads then fill them (piece_read), one file after the other.
+    if not targets.sharded:
+        for i in targets.models:
+            if reader.has(model_file(i, True)):
+                loaded.weights[i] = reader.load_tensors(model_file(i, True))
+            else:
+                loaded.weights[i] = obj(model_file(i, False))
+        loaded.optimizers = [obj(optimizer_file(i)) for i in range(len(targets.optimizers))]
+    loaded.schedulers = [obj(scheduler_file(i)) for i in range(len(targets.schedulers))]
+    loaded.scaler = obj(scaler_file()) if targets.scaler is not None else None
+    loaded.customs = [obj(custom_state_file(i)) for i in range(len(targets.customs))]
+    saved_world = reader.manifest.world_size if reader.manifest is not None else None
+    loaded.saved_world_size = saved_world
+    rank, world = targets.rank, targets.world_size
+    changed = saved_world is not None and world is not None and world != saved_world
+    for i in targets.loaders:
+        name = dataloader_rank_file(i, rank)
+        if changed and not reader.has(name):
+            name = dataloader_rank_file(i, 0)  # the position is global: rank 0's says it
         if reader.has(name):
-            loaded.rng = obj(name)
-        elif changed and rank >= saved_world and reader.has(rng_state_file(0)):
-            loaded.rng = derive_rng_state(obj(rng_state_file(0)), rank)
-            loaded.rng_derived = True
-        elif reader.manifest is not None and rank < reader.manifest.world_size:
-            raise CheckpointIncompleteError(
-                f"{path} holds no RNG state for rank {rank} ({name} is not part of it), though it "
-                f"was saved on {reader.manifest.world_size} processes. When each process saved "
-                "into its own folder, copy every folder into one before loading.",
-                path=path,
-                problems=[f"{name}: missing"],
-            )
+            loaded.loaders[i] = obj(name)
+            if changed and not has_global_position(loaded.loaders[i]):
+                raise CheckpointMismatchError(
+                    f"{path} was saved on {saved_world} processes by an older Cadence, whose "
+                    f"dataloader positions ({name}) count batches per process; it resumes only "
+                    f"on {saved_world} processes (this run has {world}).",
+                    path=path,
+                )
+    name = rng_state_file(rank)
+    if reader.has(name):
+        loaded.rng = obj(name)
+    elif changed and rank >= saved_world and reader.has(rng_state_file(0)):
+        loaded.rng = derive_rng_state(obj(rng_state_file(0)), rank)
+        loaded.rng_derived = True
+    elif reader.manifest is not None and rank < reader.manifest.world_size:
+        raise CheckpointIncompleteError(
+            f"{path} holds no RNG state for rank {rank} ({name} is not part of it), though it "
+            f"was saved on {reader.manifest.world_size} processes. When each process saved "
+            "into its own folder, copy every folder into one before loading.",
+            path=path,
+            problems=[f"{name}: missing"],
+        )
     return loaded
 
 

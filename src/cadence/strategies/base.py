@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.prepared import PreparedObjects
 from ..precision.policy import Precision
 from .context import StrategyContext
-from .context_parallel import ContextParallel, context_parallel_not_enabled
+
+if TYPE_CHECKING:
+    from .context_parallel import ContextParallel
 
 
 class Strategy:
@@ -38,6 +40,8 @@ class Strategy:
                     f"cp_size={config.cp_size} (context parallelism) cannot run with the {self.name} "
                     "strategy: use FSDP2 (fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))."
                 )
+            from .context_parallel import ContextParallel  # deferred: only with cp_size > 1
+
             self.context_parallel = ContextParallel.of(context)
 
     # Whether this backend runs context parallelism (cp_size > 1): FSDP2, and DDP when allowed.
@@ -93,6 +97,8 @@ class Strategy:
         """The context of one context-parallel step; without context parallelism, a no-op that warns
         once."""
         if self.context_parallel is None:
+            from .context_parallel import context_parallel_not_enabled  # deferred: when asked for
+
             return context_parallel_not_enabled()
         return self.context_parallel.context(buffers, buffer_seq_dims, no_restore_buffers)
 

@@ -1,0 +1,245 @@
+"""Several ranks of a machine load one checkpoint: each byte is checksummed once per machine, a
+damaged file in any rank's share is refused on every rank before anything is applied, and a rank
+that dies during the shared verification stops the others with a clear error (real gloo
+processes, issue 46)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+
+import pytest
+import torch
+
+from harness import free_port
+
+
+def build(folder=None):
+    from cadence import Accelerator
+
+    torch.manual_seed(0)
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    return acc, model
+
+
+def save(folder):
+    acc, _ = build()
+    acc.save_state(folder)
+    return sorted(os.listdir(folder))
+
+
+def load_and_count(folder):
+    """Load `folder`; what this rank hashed and whether its weights are the saved ones."""
+    from cadence.checkpointing import hashed_bytes
+
+    acc, model = build()
+    saved = {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    before = hashed_bytes()
+    acc.load_state(folder)
+    restored = acc.unwrap_model(model).state_dict()
+    return hashed_bytes() - before, all(torch.equal(saved[k], restored[k]) for k in saved)
+
+
+def load_refused(folder):
+    """Load a damaged `folder`: the error, and whether the model is untouched."""
+    acc, model = build()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.5)
+    try:
+        acc.load_state(folder)
+    except Exception as e:  # what every rank must raise
+        error = (type(e).__name__, str(e))
+    else:
+        error = None
+    untouched = all(bool((p == 0.5).all()) for p in model.parameters())
+    return error, untouched
+
+
+def _needed_bytes(folder, world):
+    names = ["model.safetensors", "optimizer.bin", "scheduler.bin"]
+    names += [f"random_states_{r}.pkl" for r in range(world)]
+    return sum(os.path.getsize(os.path.join(folder, n)) for n in names)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_byte_is_hashed_once_per_machine(dist_pool, tmp_path, world):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(world).run(save, folder)
+    results = dist_pool(world).run(load_and_count, folder)
+    assert all(restored for _, restored in results)
+    hashed = [count for count, _ in results]
+    # Every byte the machine loads is hashed by exactly one rank, and the work is split.
+    assert sum(hashed) == _needed_bytes(folder, world)
+    assert all(0 < count < sum(hashed) for count in hashed)
+
+
+def load_own_copy(folders):
+    import torch.distributed as dist
+
+    return load_and_count(folders[dist.get_rank()])
+
+
+def test_ranks_loading_separate_copies_verify_each_their_own(dist_pool, tmp_path):
+    # Same file names, different files (each rank its own copy): no rank relies on another's check.
+    import shutil
+
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save, folder)
+    copy = str(tmp_path / "copy")
+    shutil.copytree(folder, copy)
+    results = dist_pool(2).run(load_own_copy, [folder, copy])
+    assert all(restored for _, restored in results)
+    needed = _needed_bytes(folder, 2)
+    other = [os.path.getsize(os.path.join(folder, f"random_states_{1 - r}.pkl")) for r in range(2)]
+    # each rank hashed the shared files and its own RNG state, not the other's
+    assert [count for count, _ in results] == [needed - other[r] for r in range(2)]
+
+
+def test_one_process_hashes_everything_it_loads(dist_pool, tmp_path):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(1).run(save, folder)
+    [(hashed, restored)] = dist_pool(1).run(load_and_count, folder)
+    assert restored and hashed == _needed_bytes(folder, 1)
+
+
+def _flip_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        "model.safetensors",
+        "optimizer.bin",
+        "scheduler.bin",
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    ],
+)
+def test_a_damaged_file_in_any_share_is_refused_on_every_rank(dist_pool, tmp_path, damaged):
+    # Each file is in one rank's share (each rank's own RNG state in its own): every share is hit.
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save, folder)
+    _flip_byte(os.path.join(folder, damaged))
+    for rank, (error, untouched) in enumerate(dist_pool(2).run(load_refused, folder)):
+        assert error is not None and error[0] == "CheckpointCorruptError", (rank, error)
+        assert damaged in error[1] and "nothing of it was applied" in error[1]
+        assert untouched, f"rank {rank} applied part of a damaged checkpoint"
+
+
+def load_with_a_failing_share(folder):
+    """Rank 1 cannot read its share (an I/O error while hashing): every rank refuses the load."""
+    import torch.distributed as dist
+
+    from cadence.checkpointing import node_verify
+
+    def unreadable(self, algorithm):
+        raise OSError(5, "Input/output error")
+
+    original = node_verify.MappedFile.hash
+    if dist.get_rank() == 1:
+        node_verify.MappedFile.hash = unreadable
+    try:
+        return load_refused(folder)
+    finally:
+        node_verify.MappedFile.hash = original
+
+
+def test_a_rank_failing_in_its_share_stops_every_rank(dist_pool, tmp_path):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save, folder)
+    for rank, (error, untouched) in enumerate(dist_pool(2).run(load_with_a_failing_share, folder)):
+        assert error is not None and error[0] == "CheckpointCorruptError", (rank, error)
+        assert "process 1 could not verify its share" in error[1] and "Input/output" in error[1]
+        assert untouched
+
+
+def test_assign_shares_splits_each_machine_on_its_own():
+    from cadence.checkpointing.node_verify import Need, assign_shares
+
+    shared = {"model.safetensors": 400, "optimizer.bin": 800, "scheduler.bin": 1}
+    needs = [
+        Need(rank, node, {**shared, f"random_states_{rank}.pkl": 10})
+        for rank, node in enumerate(["a", "a", "b", "b"])
+    ]
+    shares = assign_shares(needs)
+    for node_ranks in ([0, 1], [2, 3]):
+        names = [n for r in node_ranks for n in shares[r]]
+        assert sorted(names) == sorted(
+            [*shared, *(f"random_states_{r}.pkl" for r in node_ranks)]
+        )  # every file of the machine once, by one of its ranks
+    assert shares[0] == ["optimizer.bin", "random_states_0.pkl"]
+    assert shares[1] == ["model.safetensors", "random_states_1.pkl", "scheduler.bin"]
+    assert assign_shares(reversed(needs)) == shares  # the same on every rank
+
+
+def _dying_rank(rank, world, port, folder, results):
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        CUDA_VISIBLE_DEVICES="",
+    )
+    from cadence.checkpointing import node_verify
+
+    acc, _ = build()
+    if rank == 1:
+
+        def die(self, algorithm):
+            os._exit(3)  # killed in the middle of its share of the checksums
+
+        node_verify.MappedFile.hash = die
+    try:
+        acc.load_state(folder)
+    except Exception as e:
+        results.put((rank, type(e).__name__, str(e)))
+    else:
+        results.put((rank, None, "loaded"))
+    results.close()
+    results.join_thread()  # delivered before the hard exit below
+    os._exit(0)
+
+
+def test_a_rank_dying_during_the_shared_verification_stops_the_others(tmp_path, dist_pool):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save, folder)
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [
+        context.Process(target=_dying_rank, args=(rank, 2, port, folder, results))
+        for rank in range(2)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        rank, kind, message = results.get(timeout=240)  # bounded: the survivor does not hang
+    except queue.Empty:
+        pytest.fail("the surviving rank neither loaded nor raised")
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    assert processes[1].exitcode == 3
+    assert rank == 0 and kind == "SharedVerificationError", (kind, message)
+    assert "Process 0" in message and "nothing of the checkpoint was applied" in message
