@@ -166,7 +166,10 @@ class CursorLoader:
         start = self.cursor + self._pending
         remaining = len(order) - start
         full = view.participants * self.batch_size
-        if remaining >= full:
+        # A tail the next step could not share out (fewer samples than ranks) is taken now: this
+        # step shares out everything left (a rank takes at most one sample more than its batch).
+        absorbs = not self.drop_last and 0 < remaining - full < view.participants
+        if remaining >= full and not absorbs:
             lo = start + view.index * self.batch_size
             chosen = order[lo : lo + self.batch_size]
             self._pending += full
@@ -175,15 +178,15 @@ class CursorLoader:
             self.cursor, self._pending = len(order), 0
             return None
         else:  # the epoch's tail: shared out as evenly as it goes (sizes differ by one at most)
-            if remaining < view.participants:
+            if remaining < view.participants:  # only when a group joined for the last step
                 # Every rank sees the same numbers, so every rank refuses together (none hangs).
                 raise RuntimeError(
                     f"rank {view.index} of {view.participants} participating: the epoch's last "
-                    f"{remaining} samples are fewer than the participating ranks, so some rank "
-                    "would train on nothing and the step could not be exact; use a dataset whose "
-                    "length leaves no such tail (a multiple of the batch size times every "
-                    "possible rank count), or drop_last=True (docs: Training through failures, "
-                    "limits)"
+                    f"{remaining} samples are fewer than the participating ranks (a replica group "
+                    "joined for the epoch's last step), so some rank would train on nothing and "
+                    "the step could not be exact; drop_last=True avoids it (the tail is dropped), "
+                    "as does a dataset whose length is a multiple of the batch size times every "
+                    "possible rank count (docs: Training through failures, limits)"
                 )
             pieces = torch.tensor_split(order[start:], view.participants)
             chosen = pieces[view.index]
