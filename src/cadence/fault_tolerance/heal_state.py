@@ -105,6 +105,14 @@ class HealState:
                 f"of group {state['group']}: every replica group must run the same number of "
                 "processes (--nproc_per_node and --num_machines alike on every group's launcher)"
             )
+        # Checked before anything is changed.
+        if len(state["stateful"]) != len(self.stateful):
+            raise RuntimeError(
+                f"replica group {self.group} registered {len(self.stateful)} objects for "
+                f"checkpointing (with the accumulation counter), the group it heals from "
+                f"{len(state['stateful'])}: register the same objects, in the same order, before "
+                "the first step on every group"
+            )
         for model, weights in zip(self.models, state["models"]):
             mesh = shard_mesh(_unwrap(model).parameters())
             _unwrap(model).load_state_dict(rebuild_shards(weights, mesh))
@@ -118,13 +126,6 @@ class HealState:
         # The script restarted at its first line: its loops pass through what the job finished.
         for loader, record in zip(self.loaders, state["passes"]):
             loader.line_up(record, self.group)
-        if len(state["stateful"]) != len(self.stateful):
-            raise RuntimeError(
-                f"replica group {self.group} registered {len(self.stateful)} objects for "
-                f"checkpointing (with the accumulation counter), the group it heals from "
-                f"{len(state['stateful'])}: register the same objects, in the same order, before "
-                "the first step on every group"
-            )
         for obj, obj_state in zip(self.stateful, state["stateful"]):
             obj.load_state_dict(obj_state)
         torch.set_rng_state(state["rng"]["torch"])
