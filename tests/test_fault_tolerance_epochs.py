@@ -211,3 +211,40 @@ def test_every_group_lost_at_once_after_training_is_refused_not_trained_again(
         for i in mb
     ]
     assert committed and len(committed) == len(set(committed))
+
+
+def test_a_restarted_scripts_loops_pass_through_what_the_job_finished() -> None:
+    """The loader alone (no process group): the job's loader is two passes in (its first epoch
+    done, the second at its 4th sample); a restarted script's loader, given the job's pass record,
+    yields nothing in its first pass and continues the second at the job's cursor; a script that
+    started more passes than the job is refused before anything changes."""
+    from cadence.fault_tolerance.loader import CursorLoader, StepView
+
+    def loader() -> CursorLoader:
+        data = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+        return CursorLoader(data, None, lambda: StepView(1, 0))
+
+    job = loader()
+    for _ in job:  # epoch 0, every step committed
+        job.end_step(True)
+    running = iter(job)  # epoch 1: two steps committed
+    for _ in range(2):
+        next(running)
+        job.end_step(True)
+    record, position = job.pass_record(), job.state_dict()
+    assert (record["passes"], record["iterating"], record["trains"]) == (2, True, True)
+
+    restarted = loader()
+    restarted.check_passes(record, group=1)
+    restarted.load_state_dict(position)
+    restarted.line_up(record)
+    assert restarted.behind()
+    assert list(restarted) == []  # the epoch the job finished: nothing drawn
+    assert [b.tolist() for b in restarted] == [[4, 5], [6, 7]]  # the job's epoch at its cursor
+    assert not restarted.behind()
+
+    ahead = loader()
+    for _ in range(3):
+        list(ahead)
+    with pytest.raises(RuntimeError, match="has started 3 passes over a prepared DataLoader"):
+        ahead.check_passes(record, group=1)

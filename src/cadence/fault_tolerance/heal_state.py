@@ -113,6 +113,8 @@ class HealState:
                 f"{len(state['stateful'])}: register the same objects, in the same order, before "
                 "the first step on every group"
             )
+        for loader, record in zip(self.loaders, state["passes"]):
+            loader.check_passes(record, self.group)
         for model, weights in zip(self.models, state["models"]):
             mesh = shard_mesh(_unwrap(model).parameters())
             _unwrap(model).load_state_dict(rebuild_shards(weights, mesh))
@@ -125,7 +127,7 @@ class HealState:
             loader.load_state_dict(position)
         # The script restarted at its first line: its loops pass through what the job finished.
         for loader, record in zip(self.loaders, state["passes"]):
-            loader.line_up(record, self.group)
+            loader.line_up(record)
         for obj, obj_state in zip(self.stateful, state["stateful"]):
             obj.load_state_dict(obj_state)
         torch.set_rng_state(state["rng"]["torch"])

@@ -299,16 +299,15 @@ class CursorLoader:
             "gathered": gathered,
         }
 
-    def line_up(self, record: dict[str, Any], group: int) -> None:
-        """Take the job's pass count from a peer's `pass_record`: the passes the job finished are
-        passed through without yielding; the pass it is in continues at the cursor.
+    def check_passes(self, record: dict[str, Any], group: int) -> None:
+        """Refuse a peer's `pass_record` this script cannot line up with (before a heal changes
+        anything).
 
         Raises:
             RuntimeError: this script has started more passes over the loader than the job (its
                 loops differ from the other groups'): it cannot train in step with them.
         """
-        done = int(record["passes"]) - bool(record["iterating"])
-        live = done + 1 if record["iterating"] else done
+        live = int(record["passes"])  # the job's current pass, or its last finished one
         if self.passes > live:
             raise RuntimeError(
                 f"replica group {group}'s script has started {self.passes} passes over a "
@@ -317,8 +316,14 @@ class CursorLoader:
                 "objects, such as the time or a per-process setting, cannot be lined up). Run the "
                 "same loops on every group (docs: Training through failures)"
             )
+
+    def line_up(self, record: dict[str, Any]) -> None:
+        """Take the job's pass count from a peer's `pass_record` (checked by `check_passes`): the
+        passes the job finished are passed through without yielding; the pass it is in continues
+        at the cursor."""
+        done = int(record["passes"]) - bool(record["iterating"])
         self._skip_through = done
-        self._live_from = live
+        self._live_from = done + 1 if record["iterating"] else done
         self.trains = self.trains or bool(record.get("trains"))
         # The job's results of the passes this group missed; its own of those it evaluated.
         for number, results in record.get("gathered", {}).items():
