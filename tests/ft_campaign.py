@@ -134,7 +134,8 @@ def run(scenario: dict[str, Any], out: Path, timeout: float = 300) -> subprocess
     argv = [
         sys.executable, "-m", "cadence.commands.cli", "launch", "--cpu", "--fault_tolerance",
         "--replica_groups", str(scenario["groups"]), "--nproc_per_node", str(scenario["nproc"]),
-        "--quorum_every", str(scenario["quorum_every"]), "--max_restarts", "3",
+        "--quorum_every", str(scenario["quorum_every"]),
+        "--max_restarts", str(scenario.get("max_restarts", 3)),
         str(SCRIPT), str(out),
     ]  # fmt: skip
     env = dict(os.environ)

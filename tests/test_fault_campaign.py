@@ -43,13 +43,3 @@ def test_a_seed_draws_the_same_scenario_every_time() -> None:
     }
     assert idioms == {"epochs", "no_trainer", "step_total"}
     assert phases == {"train", "eval", "save"}
-
-
-def test_elastic_campaign_seed() -> None:
-    """The campaign's elastic half (tests/elastic_campaign.py), one fixed seed: node b joins node a
-    after a drawn number of steps alone; every sample of both loaders once across the resize."""
-    from elastic_campaign import describe_elastic, draw_elastic, elastic_campaign
-
-    print(describe_elastic(draw_elastic(5)))
-    passed, report = elastic_campaign(5)
-    assert passed, report

@@ -26,6 +26,7 @@ PACKAGE = Path(torch_compat.__file__).resolve().parents[1]
 
 # Private names Cadence reads that are not torch's: the library they belong to.
 NOT_TORCH = {
+    "_init_weights": "transformers (PreTrainedModel._init_weights, a pipeline stage's initializer)",
     "_ArgumentGroup": "argparse",
     "_SubParsersAction": "argparse",
     "_action_groups": "argparse",

@@ -92,6 +92,8 @@ class PipelinedModel(torch.nn.Module):
     Its only child, `module`, holds this process's units under the model's own names.
     """
 
+    _schedule: Any  # torch's schedule, kept in __dict__ (it holds the stages: not a submodule)
+
     def __init__(
         self,
         module: torch.nn.Module,
