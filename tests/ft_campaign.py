@@ -215,13 +215,10 @@ def _stops_early(scenario: dict[str, Any]) -> bool:
 
 
 def _script():
-    import importlib.util
+    """The campaign's training script as a module (its dataset)."""
+    from harness import load_script
 
-    spec = importlib.util.spec_from_file_location("ft_campaign_train", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "ft_campaign_train")
 
 
 def check(scenario: dict[str, Any], out: Path, result: subprocess.CompletedProcess) -> None:

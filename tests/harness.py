@@ -45,6 +45,19 @@ class WorkerTimeout(AssertionError):
     """A function did not finish on every rank in time (the pool was killed)."""
 
 
+def load_script(path: Any, name: str) -> Any:
+    """The Python file at `path` as a module named `name` (registered in sys.modules, where
+    dataclasses look their module up), without running it as a script."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

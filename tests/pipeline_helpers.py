@@ -12,20 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sharded_helpers import Block  # the residual block of the sharded tests
 
 GLOBAL_BATCH = 16
 FEATURES, WIDTH, OUTPUTS = 6, 8, 2
 MAX_STEPS = 8
-
-
-class Block(torch.nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(width, 2 * width)
-        self.down = torch.nn.Linear(2 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(x)))
 
 
 class Net(torch.nn.Module):

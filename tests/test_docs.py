@@ -108,11 +108,9 @@ def test_every_command_and_flag_has_a_help_text() -> None:
 
 
 def load_generator():
-    spec = importlib.util.spec_from_file_location("docs_gen_pages", DOCS / "gen_pages.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    from harness import load_script
+
+    return load_script(DOCS / "gen_pages.py", "docs_gen_pages")
 
 
 def test_the_generated_reference_shows_every_public_name_and_command() -> None:

@@ -214,13 +214,9 @@ def test_final_weights_equal_a_single_process_replay_of_the_committed_steps(
 
 def _script():
     """The training script as a module (its dataset)."""
-    import importlib.util
+    from harness import load_script
 
-    spec = importlib.util.spec_from_file_location("ft_train", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script(SCRIPT, "ft_train")
 
 
 def _rank_ledgers(out: Path, groups: int, ranks: int) -> dict[tuple[int, int], list[dict]]:
@@ -398,8 +394,8 @@ def _windows(out: Path, group: int) -> list[tuple[bool, list[int]]]:
 
 
 def test_fewer_tail_samples_than_ranks_is_refused() -> None:
-    """The exactly-once loader itself (no process group): a tail shorter than the participating
-    ranks is a clear error on every rank; a longer one is shared out, one sample apart at most."""
+    """The exactly-once loader itself (no process group): a dataset shorter than the participating
+    ranks is a clear error on every rank; a longer tail is shared out, one sample apart at most."""
     import torch
 
     from cadence.fault_tolerance.loader import CursorLoader, StepView
@@ -415,6 +411,48 @@ def test_fewer_tail_samples_than_ranks_is_refused() -> None:
     assert ranks_of(5, 4) == [[0, 1], [2], [3], [4]]
     with pytest.raises(RuntimeError, match="last 3 samples are fewer than the participating ranks"):
         ranks_of(3, 4)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_epoch_tails_stay_shareable_whatever_groups_come_and_go(seed: int) -> None:
+    """The loader's tail rule over random quorums (campaign seed 1049's residual: a group back for
+    an epoch's last step found fewer samples than ranks): groups of 1-2 ranks, 2-4 groups, each
+    step drawn on 1..all groups from the printed seed, some steps discarded. Every step gives every
+    rank at least one sample, every epoch's samples are committed once each, and a rank's batch
+    exceeds `batch_size` only in an epoch's last step, by at most ceil((most - 1) / participants)."""
+    import random
+
+    import torch
+
+    from cadence.fault_tolerance.loader import CursorLoader, StepView
+
+    rng = random.Random(seed)
+    per_group, groups, batch = rng.randint(1, 2), rng.randint(2, 4), rng.randint(1, 3)
+    most = per_group * groups
+    samples = rng.randint(most, 6 * most * batch)
+    print(f"seed {seed}: {groups} groups x {per_group} ranks, batch {batch}, {samples} samples")
+    data = torch.utils.data.DataLoader(list(range(samples)), batch_size=batch)
+    view = StepView(most, 0, most)
+    loader = CursorLoader(data, None, lambda: view)
+    committed: list[int] = []
+    for _ in range(20 * samples):  # bounded: a committed step takes at least one sample
+        if loader.cursor >= samples:
+            break
+        participants = rng.randint(1, groups) * per_group
+        before, shares = loader._pending, []
+        for index in range(participants):
+            loader._pending = before
+            shares.append(loader._slice(StepView(participants, index, most)))
+        assert all(len(share) >= 1 for share in shares), (seed, shares)
+        left = samples - loader.cursor - loader._pending
+        extra = -(-(most - 1) // participants)
+        assert all(len(share) <= batch + (extra if left == 0 else 0) for share in shares), shares
+        if rng.random() < 0.2:
+            loader.end_step(False)
+            continue
+        committed += [i for share in shares for i in share]
+        loader.end_step(True)
+    assert sorted(committed) == list(range(samples)), seed
 
 
 def test_min_replicas_above_survivors_waits_then_resumes_through_accumulation_windows(

@@ -25,6 +25,8 @@ class StepView:
 
     participants: int  # participating ranks across the quorum (groups x ranks per group)
     index: int  # this rank's participating index
+    # The most ranks any step of the job can have (every group back); 0: `participants`.
+    most: int = 0
 
 
 class CursorLoader:
@@ -166,9 +168,12 @@ class CursorLoader:
         start = self.cursor + self._pending
         remaining = len(order) - start
         full = view.participants * self.batch_size
-        # A tail the next step could not share out (fewer samples than ranks) is taken now: this
-        # step shares out everything left (a rank takes at most one sample more than its batch).
-        absorbs = not self.drop_last and 0 < remaining - full < view.participants
+        # A tail the next step might not share out is taken now: fewer samples than the most
+        # ranks the job can have, since a group may come back for that step (a rank then takes
+        # at most ceil((most - 1) / participants) samples more than its batch). So every step
+        # after a committed one starts with no samples or at least `most`.
+        most = max(view.most, view.participants)
+        absorbs = not self.drop_last and 0 < remaining - full < most
         if remaining >= full and not absorbs:
             lo = start + view.index * self.batch_size
             chosen = order[lo : lo + self.batch_size]
@@ -178,15 +183,14 @@ class CursorLoader:
             self.cursor, self._pending = len(order), 0
             return None
         else:  # the epoch's tail: shared out as evenly as it goes (sizes differ by one at most)
-            if remaining < view.participants:  # only when a group joined for the last step
+            if remaining < view.participants:  # only a dataset smaller than the ranks
                 # Every rank sees the same numbers, so every rank refuses together (none hangs).
                 raise RuntimeError(
                     f"rank {view.index} of {view.participants} participating: the epoch's last "
-                    f"{remaining} samples are fewer than the participating ranks (a replica group "
-                    "joined for the epoch's last step), so some rank would train on nothing and "
-                    "the step could not be exact; drop_last=True avoids it (the tail is dropped), "
-                    "as does a dataset whose length is a multiple of the batch size times every "
-                    "possible rank count (docs: Training through failures, limits)"
+                    f"{remaining} samples are fewer than the participating ranks (the dataset "
+                    f"has {len(order)} samples), so some rank would train on nothing and the step "
+                    "could not be exact; use a dataset with at least as many samples as the "
+                    "job's ranks, or drop_last=True (docs: Training through failures, limits)"
                 )
             pieces = torch.tensor_split(order[start:], view.participants)
             chosen = pieces[view.index]

@@ -212,6 +212,7 @@ class FaultTolerantSession(ScriptSide):
         self._view = StepView(
             participants=participants * self.group_world_size,
             index=replica_rank * self.group_world_size + self.group_rank,
+            most=(self.config.replica_groups or participants) * self.group_world_size,
         )
         return self._view
 
