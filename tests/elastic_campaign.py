@@ -3,11 +3,15 @@
 exactly-once invariant as the fault-tolerance half (tests/ft_campaign.py).
 
 The space: a stop notice to node b (to its launcher or to its worker) after a random number of
-steps trained together, in either start order; node b joining a node training alone after a random
-number of steps; the epoch size. The invariants: the launchers exit as the event says (b with 75,
-"resume me", after a notice; both 0 after a join), the job ends at the size the event leaves,
-every sample of both DataLoaders (shuffled and sequential) trained exactly once per epoch across
-the save on one size and the resume on the other, and nothing left running.
+steps trained together, in either start order; node b killed (SIGKILL to its launcher and workers)
+after a random number of steps, in either start order, the job saving every 2-4 steps; node b
+joining a node training alone after a random number of steps; the epoch size. The invariants: the
+launchers exit as the event says (b with 75, "resume me", after a notice; a with 0 after a kill;
+both 0 after a join), the job ends at the size the event leaves, every sample of both DataLoaders
+(shuffled and sequential) trained exactly once per epoch across the save on one size and the
+resume on the other (after a kill: the job resumes from the last checkpoint committed before it,
+and the samples of the steps trained after that checkpoint, and only those, are trained twice),
+and nothing left running.
 
 `python tests/ft_campaign.py --elastic --seed S` replays one scenario (`make campaign ELASTIC=1`).
 """
@@ -25,6 +29,7 @@ from elastic_helpers import (
     LOADERS,
     TRAIN_SCRIPT,
     children,
+    kill_node,
     sample_counts,
     start_node,
     start_two_nodes,
@@ -39,21 +44,29 @@ EPOCHS = 2
 def draw_elastic(seed: int) -> dict[str, Any]:
     """The elastic scenario of `seed`."""
     rng = random.Random(seed)
-    event = rng.choice(("notice_launcher", "notice_worker", "join"))
+    event = rng.choice(("notice_launcher", "notice_worker", "join", "kill"))
+    save_every = rng.randint(2, 4) if event == "kill" else 0
     return {
         "seed": seed,
         "event": event,
         "order": "host-first" if event == "join" else rng.choice(("host-first", "non-host-first")),
-        "after": rng.randint(1, 8) if event != "join" else rng.randint(1, 5),
+        # A kill lands after the first checkpoint (a job with none starts again from nothing).
+        "after": rng.randint(save_every + 1, 10)
+        if event == "kill"
+        else rng.randint(1, 8)
+        if event != "join"
+        else rng.randint(1, 5),
         "samples": rng.choice((32, 48)),
+        "save_every": save_every,
     }
 
 
 def describe_elastic(scenario: dict[str, Any]) -> str:
     """The scenario on one line."""
+    saves = f", a checkpoint every {scenario['save_every']} steps" if scenario["save_every"] else ""
     return (
         f"elastic seed {scenario['seed']}: {scenario['event']} after {scenario['after']} steps, "
-        f"{scenario['order']}, {EPOCHS} epochs of {scenario['samples']}"
+        f"{scenario['order']}, {EPOCHS} epochs of {scenario['samples']}{saves}"
     )
 
 
@@ -83,20 +96,28 @@ def run_and_check_elastic(scenario: dict[str, Any], folder: Path) -> None:
             assert worlds[0] == 1 and worlds[-1] == 2, (worlds, where)
         else:
             env.update(STEP_SLEEP="0.3", STEP_SLEEP_ALONE="0.02")
+            if scenario["save_every"]:
+                env.update(SAVE_EVERY=str(scenario["save_every"]))
             first, second = start_two_nodes(
                 folder,
                 script,
                 scenario["order"],
+                own_session=scenario["event"] == "kill",
                 rdzv_conf="keep_alive_max_attempt=10",
                 START_TOGETHER="1",
                 **env,
             )
             processes += [first, second]
             together = lambda: (  # noqa: E731
-                sum(r["world"] == 2 for r in steps(folder)) >= scenario["after"]
+                sum(r["world"] == 2 and "samples" in r for r in steps(folder)) >= scenario["after"]
             )
             ended = lambda: first.poll() is not None or second.poll() is not None  # noqa: E731
             assert wait_until(lambda: together() or ended(), limit=240) and together(), where
+            if scenario["event"] == "kill":
+                kill_node(second)
+                assert first.wait(timeout=240) == 0, f"{where}: a did not finish alone"
+                _check_resumed_from_last_checkpoint(steps(folder), scenario, where)
+                return
             if scenario["event"] == "notice_launcher":
                 second.send_signal(signal.SIGTERM)
             else:
@@ -116,6 +137,37 @@ def run_and_check_elastic(scenario: dict[str, Any], folder: Path) -> None:
         assert set(counts) == expected, f"{where}: {loader}: some samples never trained"
         twice = sorted(key for key, n in counts.items() if n != 1)
         assert not twice, f"{where}: {loader}: trained more than once: {twice[:8]}"
+
+
+def _check_resumed_from_last_checkpoint(
+    records: list[dict], scenario: dict[str, Any], where: str
+) -> None:
+    """After a kill: one resume, at world size 1, from the last checkpoint committed before the
+    kill (a checkpoint the main process came back from, or a later one it was writing), then to
+    the end; the samples of the steps trained after that checkpoint twice, every other once."""
+    resumed = [r for r in records if r.get("kind") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["world"] == 1, (resumed, where)
+    at = resumed[0]["step"]
+    before = [r for r in records if r["time"] < resumed[0]["time"]]
+    trained = [r["step"] for r in before if "samples" in r]
+    saved = [r["step"] for r in before if r.get("kind") == "saved"]
+    assert saved and at % scenario["save_every"] == 0 and max(saved) <= at <= max(trained), (
+        f"{where}: resumed at step {at}, saved {saved}, trained up to {max(trained)}"
+    )
+    after = [r for r in records if r["time"] > resumed[0]["time"]]
+    assert after and all(r["world"] == 1 for r in after), where
+    numbers = [r["step"] for r in after if "samples" in r]
+    assert numbers == list(range(at + 1, at + 1 + len(numbers))), (where, at, numbers[:8])
+    for loader in LOADERS:
+        counts = sample_counts(records, loader)
+        expected = {(e, s) for e in range(EPOCHS) for s in range(scenario["samples"])}
+        assert set(counts) == expected, f"{where}: {loader}: some samples never trained"
+        redone = sample_counts([r for r in before if "samples" in r and r["step"] > at], loader)
+        twice = {key for key, n in counts.items() if n > 1}
+        assert twice == set(redone) and all(counts[key] == 2 for key in twice), (
+            f"{where}: {loader}: trained twice {sorted(twice)[:8]}, redone after step {at}: "
+            f"{sorted(redone)[:8]}"
+        )
 
 
 def elastic_campaign(seed: int) -> tuple[bool, str]:

@@ -54,10 +54,11 @@ TRAIN_SCRIPT = textwrap.dedent(
     class Progress:
         def __init__(self):
             self.epoch, self.done = 0, 0  # samples of this epoch trained by the whole job
+            self.steps = 0  # steps the job trained
         def state_dict(self):
-            return {"epoch": self.epoch, "done": self.done}
+            return {"epoch": self.epoch, "done": self.done, "steps": self.steps}
         def load_state_dict(self, state):
-            self.epoch, self.done = state["epoch"], state["done"]
+            self.epoch, self.done, self.steps = state["epoch"], state["done"], state["steps"]
 
     config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=3)
     acc = Accelerator(cpu=True, project_config=config)
@@ -72,12 +73,23 @@ TRAIN_SCRIPT = textwrap.dedent(
     model, opt, *prepared = acc.prepare(model, opt, *built)
     progress = Progress()
     acc.register_for_checkpointing(progress)
+    # SAVE_EVERY=k: a checkpoint every k steps (a killed node's job resumes from the last one).
+    save_every = int(os.environ.get("SAVE_EVERY", "0"))
+    log = open(os.path.join(project, f"log-{acc.process_index}-{os.getpid()}.jsonl"), "a")
+
+    def note(kind):  # the main process's record of a resume or a save (no samples)
+        if acc.is_main_process:
+            record = {"kind": kind, "step": progress.steps, "world": acc.num_processes,
+                      "time": time.time()}
+            log.write(json.dumps(record) + "\\n")
+            log.flush()
+
     if os.path.isdir(os.path.join(project, "checkpoints")):
         acc.load_state()
+        note("resumed")
         if acc.is_main_process:
             print(f"resumed at epoch {progress.epoch} after {progress.done} samples, "
                   f"world size {acc.num_processes}", flush=True)
-    log = open(os.path.join(project, f"log-{acc.process_index}-{os.getpid()}.jsonl"), "a")
     while progress.epoch < epochs:
         for batches in zip(*prepared):
             trained = {name: acc.gather(b.clone()).tolist() for name, b in zip(loaders, batches)}
@@ -87,11 +99,15 @@ TRAIN_SCRIPT = textwrap.dedent(
             opt.step()
             opt.zero_grad()
             progress.done += len(trained[loaders[0]])
+            progress.steps += 1
             if acc.is_main_process:
                 record = {"epoch": progress.epoch, "samples": trained, "world": acc.num_processes,
-                          "time": time.time()}
+                          "step": progress.steps, "time": time.time()}
                 log.write(json.dumps(record) + "\\n")
                 log.flush()
+            if save_every and progress.steps % save_every == 0:
+                acc.save_state()
+                note("saved")
             time.sleep(step_sleep if acc.num_processes > 1 else alone_sleep)
         progress.epoch += 1
         progress.done = 0
@@ -240,6 +256,8 @@ def sample_counts(records: list[dict], loader: str | None = None) -> collections
     """How many times each (epoch, sample) was trained (from `loader`, for TRAIN_SCRIPT's records)."""
     counts: collections.Counter = collections.Counter()
     for record in records:
+        if "samples" not in record:
+            continue  # a resume's or a save's record
         samples = record["samples"] if loader is None else record["samples"][loader]
         counts.update((record["epoch"], sample) for sample in samples)
     return counts
