@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from elastic_helpers import (
-    LOADERS,
     TRAIN_SCRIPT,
+    assert_trained,
     children,
     kill_node,
-    sample_counts,
     start_node,
     start_two_nodes,
     steps,
@@ -131,12 +130,7 @@ def run_and_check_elastic(scenario: dict[str, Any], folder: Path) -> None:
     finally:
         stop_all(*processes)
     records = steps(folder)
-    for loader in LOADERS:
-        counts = sample_counts(records, loader)
-        expected = {(e, s) for e in range(EPOCHS) for s in range(scenario["samples"])}
-        assert set(counts) == expected, f"{where}: {loader}: some samples never trained"
-        twice = sorted(key for key, n in counts.items() if n != 1)
-        assert not twice, f"{where}: {loader}: trained more than once: {twice[:8]}"
+    assert_trained(records, EPOCHS, scenario["samples"], where=f"{where}: ")
 
 
 def _check_resumed_from_last_checkpoint(
@@ -158,16 +152,8 @@ def _check_resumed_from_last_checkpoint(
     assert after and all(r["world"] == 1 for r in after), where
     numbers = [r["step"] for r in after if "samples" in r]
     assert numbers == list(range(at + 1, at + 1 + len(numbers))), (where, at, numbers[:8])
-    for loader in LOADERS:
-        counts = sample_counts(records, loader)
-        expected = {(e, s) for e in range(EPOCHS) for s in range(scenario["samples"])}
-        assert set(counts) == expected, f"{where}: {loader}: some samples never trained"
-        redone = sample_counts([r for r in before if "samples" in r and r["step"] > at], loader)
-        twice = {key for key, n in counts.items() if n > 1}
-        assert twice == set(redone) and all(counts[key] == 2 for key in twice), (
-            f"{where}: {loader}: trained twice {sorted(twice)[:8]}, redone after step {at}: "
-            f"{sorted(redone)[:8]}"
-        )
+    redone = [r for r in before if "samples" in r and r["step"] > at]
+    assert_trained(records, EPOCHS, scenario["samples"], redone, where=f"{where}: ")
 
 
 def elastic_campaign(seed: int) -> tuple[bool, str]:

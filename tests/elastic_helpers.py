@@ -263,6 +263,28 @@ def sample_counts(records: list[dict], loader: str | None = None) -> collections
     return counts
 
 
+def assert_trained(
+    records: list[dict],
+    epochs: int,
+    samples: int,
+    redone: list[dict] = (),
+    loaders: tuple[str, ...] = LOADERS,
+    where: str = "",
+) -> None:
+    """Every sample of every epoch of each of `loaders` trained: those of the steps in `redone`
+    (trained again after a resume from an earlier checkpoint) twice, every other exactly once."""
+    for loader in loaders:
+        counts = sample_counts(records, loader)
+        expected = {(epoch, sample) for epoch in range(epochs) for sample in range(samples)}
+        assert set(counts) == expected, f"{where}{loader} loader: some samples were never trained"
+        again = set(sample_counts(list(redone), loader))
+        wrong = {key: n for key, n in counts.items() if n != (2 if key in again else 1)}
+        assert not wrong, (
+            f"{where}{loader} loader: (epoch, sample): times trained, where each was due "
+            f"{'twice if redone, else ' if again else ''}once: {sorted(wrong.items())[:8]}"
+        )
+
+
 def wait_until(condition, limit: float) -> bool:
     """Poll `condition` every 0.1 s for at most `limit` seconds."""
     deadline = time.monotonic() + limit

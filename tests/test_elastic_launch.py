@@ -23,9 +23,9 @@ from elastic_helpers import (
     LOADERS,
     START_ORDERS,
     TRAIN_SCRIPT,
+    assert_trained,
     children,
     kill_node,
-    sample_counts,
     start_node,
     start_two_nodes,
     steps,
@@ -40,13 +40,7 @@ EPOCHS, SAMPLES = 2, 48
 
 
 def _every_sample_once(tmp_path, loaders=LOADERS):
-    records = steps(tmp_path)
-    for loader in loaders:
-        counts = sample_counts(records, loader)
-        expected = {(epoch, sample) for epoch in range(EPOCHS) for sample in range(SAMPLES)}
-        assert set(counts) == expected, f"{loader} loader: some samples were never trained"
-        redone = {key: n for key, n in counts.items() if n != 1}
-        assert not redone, f"{loader} loader: samples trained more than once: {sorted(redone)[:8]}"
+    assert_trained(steps(tmp_path), EPOCHS, SAMPLES, loaders=loaders)
 
 
 def _notify_the_launcher(b) -> None:  # the scheduler's notice to node b's launcher
