@@ -175,6 +175,21 @@ def _ratio_line(label: str, ours: list[float], raw: list[float]) -> str:
     )
 
 
+def _print_ratios(processes: int, times: dict, kinds, cpu: dict | None = None) -> None:
+    """One line per kind of load: Cadence's time against the raw load's (and, given `cpu`, a line
+    of the CPU time of all ranks under it)."""
+    for kind, label in kinds:
+        print(
+            _ratio_line(
+                f"{processes} processes, {label}", times[(kind, "cadence")], times[(kind, "raw")]
+            )
+        )
+        if cpu is not None:
+            print(
+                _ratio_line("    CPU time, all ranks", cpu[(kind, "cadence")], cpu[(kind, "raw")])
+            )
+
+
 def multi_rank_rounds(script: str, params: int, rounds: int, process_counts: list[int],
                       base: Path, warm_loads: int, bench) -> None:  # fmt: skip
     """The multi-rank modes, raw and Cadence interleaved (the order reversed every round)."""
@@ -218,32 +233,20 @@ def multi_rank_rounds(script: str, params: int, rounds: int, process_counts: lis
                         flush=True,
                     )
         print()
-        for kind, label in (
+        loads_by_kind = (
             ("warm", "warm page cache"),
             ("first", "first call in a new process"),
             ("cold", "cold page cache"),
-        ):
-            print(
-                _ratio_line(
-                    f"{processes} processes, {label}",
-                    times[(kind, "cadence")],
-                    times[(kind, "raw")],
-                )
-            )
-            print(
-                _ratio_line("    CPU time, all ranks", cpu[(kind, "cadence")], cpu[(kind, "raw")])
-            )
-        for kind, label in (
-            ("first+step", "first call + first optimizer step"),
-            ("cold+step", "cold + first optimizer step"),
-        ):
-            print(
-                _ratio_line(
-                    f"{processes} processes, {label}",
-                    times[(kind, "cadence")],
-                    times[(kind, "raw")],
-                )
-            )
+        )
+        _print_ratios(processes, times, loads_by_kind, cpu)
+        _print_ratios(
+            processes,
+            times,
+            (
+                ("first+step", "first call + first optimizer step"),
+                ("cold+step", "cold + first optimizer step"),
+            ),
+        )
         print(
             f"load average during the loads: median {statistics.median(loads):.2f} "
             f"({min(loads):.2f}-{max(loads):.2f})\n",

@@ -149,7 +149,7 @@ def load_with_a_failing_share(folder):
 
     from cadence.checkpointing import node_verify
 
-    def unreadable(self, algorithm):
+    def unreadable(self, *args):
         raise OSError(5, "Input/output error")
 
     original = node_verify.MappedFile.hash
@@ -173,6 +173,7 @@ def test_a_rank_failing_in_its_share_stops_every_rank(dist_pool, tmp_path):
 def test_assign_shares_splits_each_machine_on_its_own():
     from cadence.checkpointing.node_verify import Need, assign_shares
 
+    # an old checkpoint (whole-file checksums): files are the units
     shared = {"model.safetensors": 400, "optimizer.bin": 800, "scheduler.bin": 1}
     needs = [
         Need(rank, node, {**shared, f"random_states_{rank}.pkl": 10})
@@ -180,13 +181,37 @@ def test_assign_shares_splits_each_machine_on_its_own():
     ]
     shares = assign_shares(needs)
     for node_ranks in ([0, 1], [2, 3]):
-        names = [n for r in node_ranks for n in shares[r]]
+        names = [u[0] for r in node_ranks for u in shares[r]]
         assert sorted(names) == sorted(
             [*shared, *(f"random_states_{r}.pkl" for r in node_ranks)]
         )  # every file of the machine once, by one of its ranks
-    assert shares[0] == ["optimizer.bin", "random_states_0.pkl"]
-    assert shares[1] == ["model.safetensors", "random_states_1.pkl", "scheduler.bin"]
+    assert shares[0] == [("optimizer.bin", 0, 800), ("random_states_0.pkl", 0, 10)]
+    assert shares[1] == [
+        ("model.safetensors", 0, 400),
+        ("random_states_1.pkl", 0, 10),
+        ("scheduler.bin", 0, 1),
+    ]
     assert assign_shares(reversed(needs)) == shares  # the same on every rank
+
+
+def test_assign_shares_balances_pieces():
+    # checksums of pieces (100-byte pieces here): the ranks split the pieces, not the files
+    from cadence.checkpointing.node_verify import Need, assign_shares
+
+    shared = {"model.safetensors": 400, "optimizer.bin": 800, "scheduler.bin": 1}
+    pieces = {"model.safetensors": 100, "optimizer.bin": 100}
+    for world in (2, 3, 4):
+        needs = [
+            Need(r, "a", {**shared, f"random_states_{r}.pkl": 10}, pieces) for r in range(world)
+        ]
+        shares = assign_shares(needs)
+        loads = [sum(stop - start for _, start, stop in shares[r]) for r in range(world)]
+        assert sum(loads) == 1201 + 10 * world and max(loads) - min(loads) <= 100, loads
+        units = sorted(u for r in range(world) for u in shares[r])
+        assert [u for u in units if u[0] == "optimizer.bin"] == [
+            ("optimizer.bin", a, a + 100) for a in range(0, 800, 100)
+        ]
+        assert assign_shares(reversed(needs)) == shares
 
 
 def _dying_rank(rank, world, port, folder, results):
@@ -204,7 +229,7 @@ def _dying_rank(rank, world, port, folder, results):
     acc, _ = build()
     if rank == 1:
 
-        def die(self, algorithm):
+        def die(self, *args):
             os._exit(3)  # killed in the middle of its share of the checksums
 
         node_verify.MappedFile.hash = die
@@ -243,3 +268,211 @@ def test_a_rank_dying_during_the_shared_verification_stops_the_others(tmp_path, 
     assert processes[1].exitcode == 3
     assert rank == 0 and kind == "SharedVerificationError", (kind, message)
     assert "Process 0" in message and "nothing of the checkpoint was applied" in message
+
+
+# ---------------------------------------------------------------- checksums of pieces (issue 46)
+PIECE = 1 << 20  # the tests' piece size (new checkpoints: 64 MiB)
+
+
+def _with_checksum(algorithm, fn, *args):
+    """Run `fn` with `algorithm` as the checksum of new checkpoints (in this worker process)."""
+    from cadence.checkpointing import manifest
+
+    original = manifest._default_checksum
+    manifest._default_checksum = lambda installed: algorithm
+    try:
+        return fn(*args)
+    finally:
+        manifest._default_checksum = original
+
+
+def build_wide(width=512):
+    """A model whose files span several 1 MiB pieces: 2.1 MB of weights, 4.2 MB of AdamW state."""
+    from cadence import Accelerator
+
+    torch.manual_seed(0)
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, width))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = acc.prepare(model, optimizer)
+    model(torch.randn(4, width)).sum().backward()
+    optimizer.step()
+    return acc, model
+
+
+def save_wide(folder, algorithm):
+    acc, _ = build_wide()
+    _with_checksum(algorithm, acc.save_state, folder)
+
+
+def load_wide(folder):
+    """Load `folder` into a zeroed model: (bytes hashed, restored, error, untouched if it failed)."""
+    from cadence.checkpointing import hashed_bytes
+
+    acc, model = build_wide()
+    saved = {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.5)
+    before = hashed_bytes()
+    try:
+        acc.load_state(folder)
+    except Exception as e:
+        untouched = all(bool((p == 0.5).all()) for p in model.parameters())
+        return hashed_bytes() - before, False, (type(e).__name__, str(e)), untouched
+    restored = acc.unwrap_model(model).state_dict()
+    same = all(torch.equal(saved[k], restored[k]) for k in saved)
+    return hashed_bytes() - before, same, None, False
+
+
+def _wide_needed(folder, world):
+    names = ["model.safetensors", "optimizer.bin"] + [
+        f"random_states_{r}.pkl" for r in range(world)
+    ]
+    return sum(os.path.getsize(os.path.join(folder, n)) for n in names)
+
+
+def _manifest(folder):
+    import json
+
+    with open(os.path.join(folder, "cadence_manifest.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pieces_are_hashed_once_and_split_evenly(dist_pool, tmp_path, world):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(world).run(save_wide, folder, "xxh3_128-pieces-1MiB")
+    assert _manifest(folder)["checksum_algorithm"] == "xxh3_128-pieces-1MiB"
+    assert os.path.getsize(os.path.join(folder, "optimizer.bin")) > 4 * PIECE
+    results = dist_pool(world).run(load_wide, folder)
+    assert all(restored and error is None for _, restored, error, _ in results), results
+    hashed = [count for count, *_ in results]
+    total = _wide_needed(folder, world)
+    assert sum(hashed) == total  # every byte once on this machine
+    assert all(abs(count - total / world) <= PIECE for count in hashed), hashed  # even
+
+
+def _share_pieces(folder, world):
+    """{rank: [(file, start, stop)]}: the pieces of the shared files each rank hashes."""
+    from cadence.checkpointing.node_verify import Need, assign_shares
+
+    shared = {
+        n: os.path.getsize(os.path.join(folder, n)) for n in ("model.safetensors", "optimizer.bin")
+    }
+    needs = [
+        Need(
+            r,
+            "node",
+            {
+                **shared,
+                f"random_states_{r}.pkl": os.path.getsize(
+                    os.path.join(folder, f"random_states_{r}.pkl")
+                ),
+            },
+            {n: PIECE for n in shared},
+        )
+        for r in range(world)
+    ]
+    return {r: [u for u in units if u[0] in shared] for r, units in assign_shares(needs).items()}
+
+
+@pytest.mark.parametrize("share_of", [0, 1])
+def test_a_damaged_piece_in_either_share_is_refused_on_every_rank(dist_pool, tmp_path, share_of):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save_wide, folder, "xxh3_128-pieces-1MiB")
+    shares = _share_pieces(folder, 2)
+    name, start, stop = shares[share_of][-1]  # a piece only rank `share_of` hashes
+    assert all((name, start, stop) not in units for r, units in shares.items() if r != share_of)
+    _flip_byte_at(os.path.join(folder, name), (start + stop) // 2)
+    for rank, (_, restored, error, untouched) in enumerate(dist_pool(2).run(load_wide, folder)):
+        assert error is not None and error[0] == "CheckpointCorruptError", (rank, error)
+        assert name in error[1] and "nothing of it was applied" in error[1]
+        assert untouched and not restored, f"rank {rank} applied part of a damaged checkpoint"
+
+
+def test_a_truncated_file_is_refused_on_every_rank(dist_pool, tmp_path):
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save_wide, folder, "xxh3_128-pieces-1MiB")
+    path = os.path.join(folder, "optimizer.bin")
+    os.truncate(path, os.path.getsize(path) - 1)
+    for rank, (_, restored, error, untouched) in enumerate(dist_pool(2).run(load_wide, folder)):
+        assert error is not None and "optimizer.bin" in error[1], (rank, error)
+        assert untouched and not restored
+
+
+def test_a_checkpoint_with_whole_file_checksums_still_loads_on_several_ranks(dist_pool, tmp_path):
+    # checkpoints saved before issue 46 record one checksum per file: each file is one rank's
+    folder = str(tmp_path / "ckpt")
+    dist_pool(2).run(save_wide, folder, "xxh3_128")
+    manifest = _manifest(folder)
+    assert manifest["checksum_algorithm"] == "xxh3_128" and "pieces" not in str(manifest)
+    results = dist_pool(2).run(load_wide, folder)
+    assert all(restored and error is None for _, restored, error, _ in results), results
+    assert sum(count for count, *_ in results) == _wide_needed(folder, 2)
+    _flip_byte_at(os.path.join(folder, "model.safetensors"), 1000)
+    for rank, (_, _, error, untouched) in enumerate(dist_pool(2).run(load_wide, folder)):
+        assert error is not None and error[0] == "CheckpointCorruptError", (rank, error)
+        assert "model.safetensors" in error[1] and untouched
+
+
+def _flip_byte_at(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def verify_one_folder(folder, names):
+    """Verify `names` of `folder` together with the other ranks: (bytes hashed, error or None)."""
+    import torch.distributed as dist
+
+    from cadence.checkpointing import hashed_bytes, open_checkpoint
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+
+    def agree(mine):
+        if world == 1:
+            return list(mine)
+        out = [None] * world
+        dist.all_gather_object(out, mine[0])
+        return out
+
+    rank = dist.get_rank() if world > 1 else 0
+    before = hashed_bytes()
+    try:
+        with open_checkpoint(folder) as reader:
+            reader.verify_together(names, rank, agree)
+    except Exception as e:
+        return hashed_bytes() - before, (type(e).__name__, str(e))
+    return hashed_bytes() - before, None
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("size", [PIECE - 1, PIECE, PIECE + 1, 3 * PIECE + 1])
+def test_piece_boundaries_on_any_number_of_ranks(dist_pool, tmp_path, world, size):
+    from cadence.checkpointing import begin_checkpoint
+
+    folder = tmp_path / "ckpt"
+    writer = begin_checkpoint(folder, checksum="xxh3_128-pieces-1MiB", durable=False)
+    data = os.urandom(size)
+    writer.save_bytes("data.bin", data)
+    writer.save_bytes("small.bin", b"x" * 100)
+    writer.commit()
+    names = ["data.bin", "small.bin"]
+    results = dist_pool(world).run(verify_one_folder, str(folder), names)
+    assert all(error is None for _, error in results), results
+    hashed = [count for count, _ in results]
+    total = size + 100
+    assert sum(hashed) == total and all(abs(c - total / world) <= PIECE for c in hashed), hashed
+    # a changed byte in the first piece, then in the last: refused on every rank
+    for offset in (0, size - 1):
+        _flip_byte_at(folder / "data.bin", offset)
+        for rank, (_, error) in enumerate(
+            dist_pool(world).run(verify_one_folder, str(folder), names)
+        ):
+            assert error is not None and error[0] == "CheckpointCorruptError", (rank, offset, error)
+            assert "data.bin" in error[1] and "content changed since the save" in error[1]
+        _flip_byte_at(folder / "data.bin", offset)  # back as saved
+    assert all(e is None for _, e in dist_pool(world).run(verify_one_folder, str(folder), names))

@@ -155,4 +155,4 @@ def test_missing_checksum_package_degrades_to_size_checks(tmp_path, monkeypatch,
     monkeypatch.setattr(manifest_module, "_xxhash_installed", lambda: False)
     verify(tmp_path / "c", "full")
     assert "needs the `xxhash` package" in caplog.text
-    assert manifest_module.default_checksum() == "sha256"
+    assert manifest_module.default_checksum() == "sha256-pieces-64MiB"

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .checksums import ALGORITHMS, xxhash_installed
+from .checksums import checksum_available as _checksum_available
+from .checksums import default_checksum as _default_checksum
 from .checksums import new_hasher as _new_hasher
 from .errors import (
     CheckpointCorruptError,
@@ -60,8 +62,9 @@ def _xxhash_installed() -> bool:
 
 
 def default_checksum() -> str:
-    """xxh3_128 (several GB/s) when the optional `xxhash` package is installed, else sha256."""
-    return "xxh3_128" if _xxhash_installed() else "sha256"
+    """xxh3_128 (several GB/s) when the `xxhash` package is installed, else sha256, over pieces of
+    64 MiB (see cadence.checkpointing.checksums)."""
+    return _default_checksum(_xxhash_installed())
 
 
 def new_hasher(algorithm: str):
@@ -75,7 +78,7 @@ def new_hasher(algorithm: str):
 
 def checksum_available(algorithm: str) -> bool:
     """True when `algorithm` is known and the package it needs is installed."""
-    return algorithm in ALGORITHMS and (algorithm != "xxh3_128" or _xxhash_installed())
+    return _checksum_available(algorithm, _xxhash_installed())
 
 
 @dataclass(frozen=True)
