@@ -32,6 +32,7 @@ def fresh_cadence_state():
 LONG_FIRST = (
     "test_fault_tolerance_epochs.py",
     "test_fault_campaign.py",
+    "test_fault_tolerance_trainer.py",
     "test_ray_train.py",
     "test_resume_after_kill.py",
     "test_elastic_launch.py",

@@ -30,6 +30,7 @@ class GradientAccumulation:
         prepared: PreparedObjects,
         gradient_state: GradientState,
         complete_gradients: Callable[[], None] | None = None,
+        trains_nothing: Callable[[], bool] | None = None,
     ) -> None:
         self.strategy = strategy
         self.prepared = prepared
@@ -37,6 +38,9 @@ class GradientAccumulation:
         # Under fault tolerance, averages the gradients across the replica groups before they are
         # read (the clips), as DDP's backward has averaged them across processes.
         self.complete_gradients = complete_gradients
+        # Under fault tolerance, whether the batch in hand is a stand-in that trains nothing (a
+        # restarted group passing through an epoch the job finished): its backward is skipped.
+        self.trains_nothing = trains_nothing
         self.step = 0
         # Micro-batches in the window that ends with this step (0 while the window is still open).
         self.micro_steps_in_window = 0
@@ -90,6 +94,8 @@ class GradientAccumulation:
             raise TypeError(
                 with_rank(f"backward() needs the loss tensor, got {type(loss).__name__}.")
             )
+        if self.trains_nothing is not None and self.trains_nothing():
+            return
         steps = self.gradient_state.num_steps
         strategy = self.strategy
         if steps > 1 and strategy.divides_loss_for_accumulation:

@@ -352,6 +352,7 @@ class Accelerator(
             complete_gradients=(
                 self._fault_tolerance.average_gradients if self._fault_tolerance else None
             ),
+            trains_nothing=self._fault_tolerance.trains_nothing if self._fault_tolerance else None,
         )
         if self._fault_tolerance is not None:  # a healing group receives the micro-step count
             self._fault_tolerance.attach_counter(self._accumulation)

@@ -57,6 +57,9 @@ class HealState:
         self.registered = registered if registered is not None else []
         self.healed_from: int | None = None  # the peer of the last heal applied, until said
         self._moving: dict[str, Any] | None = None
+        # The positions and pass records of the peer's loaders this group had not prepared yet
+        # when it healed, by index (see `line_up_later`).
+        self._later: dict[int, tuple[Any, Any]] = {}
 
     @property
     def stateful(self) -> list[Any]:
@@ -86,6 +89,7 @@ class HealState:
                 local_shards(optimizer.optimizer.state_dict()) for optimizer in self.optimizers
             ],
             "schedulers": [scheduler.scheduler.state_dict() for scheduler in self.schedulers],
+            "script_schedulers": [s.state_dict() for s in script_schedulers(self)],
             **moving,
         }
 
@@ -115,6 +119,14 @@ class HealState:
             )
         for loader, record in zip(self.loaders, state["passes"]):
             loader.check_passes(record, self.group)
+        unprepared = script_schedulers(self)
+        sent = state.get("script_schedulers", [])
+        if len(sent) != len(unprepared):
+            raise RuntimeError(
+                f"replica group {self.group} steps {len(unprepared)} learning-rate schedulers it "
+                f"did not prepare, the group it heals from {len(sent)}: create the same "
+                "schedulers on every group (or prepare them with the optimizer)"
+            )
         for model, weights in zip(self.models, state["models"]):
             mesh = shard_mesh(_unwrap(model).parameters())
             _unwrap(model).load_state_dict(rebuild_shards(weights, mesh))
@@ -123,17 +135,72 @@ class HealState:
             optimizer.load_state_dict(rebuild_shards(optimizer_state, shard_mesh(parameters)))
         for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
             scheduler.scheduler.load_state_dict(scheduler_state)
+        for scheduler, scheduler_state in zip(unprepared, sent):
+            scheduler.load_state_dict(scheduler_state)
         for loader, position in zip(self.loaders, state["loaders"]):
             loader.load_state_dict(position)
         # The script restarted at its first line: its loops pass through what the job finished.
         for loader, record in zip(self.loaders, state["passes"]):
             loader.line_up(record)
+        held = len(self.loaders)
+        self._later = {
+            index: (position, record)
+            for index, (position, record) in enumerate(zip(state["loaders"], state["passes"]))
+            if index >= held
+        }
         for obj, obj_state in zip(self.stateful, state["stateful"]):
             obj.load_state_dict(obj_state)
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         numpy.random.set_state(state["rng"]["numpy"])
         self.healed_from = int(state["group"])
+
+    def line_up_later(self, loader: Any, index: int) -> None:
+        """Line `loader`, prepared at `index` after this group healed, up with the peer's loader
+        prepared there (its position and passes: an evaluation the job ran is replayed); a
+        loader the peer had not prepared either is new to the job and runs live.
+
+        Raises:
+            RuntimeError: the script has started more passes over it than the job (check_passes).
+        """
+        later = self._later.pop(index, None)
+        if later is None:
+            return
+        position, record = later
+        loader.check_passes(record, self.group)
+        loader.load_state_dict(position)
+        loader.line_up(record)
+
+
+def script_schedulers(heal: HealState) -> list[Any]:
+    """The learning-rate schedulers over the prepared optimizer that were not prepared (transformers'
+    Trainer creates its scheduler over the prepared optimizer and steps it itself): a healing group
+    receives their state too, or its schedule would start again at its first step. Found among the
+    objects that refer to the optimizer (the script holds them; nothing else names them); one such
+    scheduler per job in practice (several are paired in the order found)."""
+    import gc
+
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    targets = [o for opt in heal.optimizers for o in (opt, getattr(opt, "optimizer", None)) if o]
+    if not targets:
+        return []
+    prepared = {id(scheduler.scheduler) for scheduler in heal.schedulers}
+    referrers = gc.get_referrers(*targets)
+    # An object whose attributes were read as a dict (a scheduler's state_dict does) refers to
+    # them through that dict: the dict's owners are looked up too (one more scan).
+    dicts = [obj for obj in referrers if isinstance(obj, dict)]
+    if dicts:
+        ids = {id(d) for d in dicts}
+        referrers += [
+            obj for obj in gc.get_referrers(*dicts) if id(getattr(obj, "__dict__", None)) in ids
+        ]
+    found: list[Any] = []
+    for obj in referrers:
+        if isinstance(obj, (LRScheduler, ReduceLROnPlateau)) and id(obj) not in prepared:
+            if all(obj is not seen for seen in found):
+                found.append(obj)
+    return found
 
 
 def _moving_state(loaders: list[Any], stateful: list[Any]) -> dict[str, Any]:

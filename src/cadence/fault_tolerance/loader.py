@@ -9,6 +9,7 @@ so its samples are drawn again; a group that heals receives the cursor with the 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,10 @@ import torch
 
 from ..runtime.collectives import send_to_device
 from .loader_source import read_source
+
+# Micro-steps of slack in `len()` before the first step, for steps discarded in an epoch (two
+# membership changes of two discarded steps each).
+DISCARD_SLACK = 4
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ class CursorLoader:
             then yield nothing, so no group draws past the job's last committed step.
         group_loader: makes the DataLoader an evaluation pass iterates: the user's, prepared over
             this group's processes.
+        phantom: called before a pass the job finished yields its one stand-in batch to a
+            training loop that stops at an empty pass (transformers' Trainer: see `_stand_in`);
+            the session then trains nothing with it.
     """
 
     end_of_dataloader = False
@@ -75,6 +83,7 @@ class CursorLoader:
         training: Callable[[], bool] = lambda: True,
         finished: Callable[[], bool] = lambda: False,
         group_loader: Callable[[], Iterable[Any]] | None = None,
+        phantom: Callable[[], None] | None = None,
     ) -> None:
         source = read_source(data_loader)
         self.data_loader = data_loader
@@ -94,6 +103,7 @@ class CursorLoader:
         self._finished = finished
         self._make_group_loader = group_loader
         self._group_loader: Iterable[Any] | None = None
+        self._phantom = phantom
         self.epoch = 0
         self.cursor = 0  # committed samples of this epoch
         self._pending = 0  # samples drawn by the open step (not yet committed)
@@ -113,11 +123,19 @@ class CursorLoader:
         self._replay: list[Any] | None = None  # the results of the pass being replayed
 
     def __len__(self) -> int:
-        """Batches of this rank in an epoch when the quorum stays as it is now (an estimate)."""
+        """Batches of this rank in an epoch when the quorum stays as it is now (an estimate).
+
+        Before the first step (when scripts size their loops) it is the most a rank can draw:
+        every batch of the epoch alone, plus `DISCARD_SLACK` micro-steps of accumulation for
+        discarded steps, whose samples are drawn again (transformers' Trainer draws at most this
+        many batches an epoch). Every group reads the same number then, restarted or not."""
         per_step = self.batch_size * max(self.participants, 1)
-        if self.drop_last:
-            return len(self.dataset) // per_step
-        return -(-len(self.dataset) // per_step)
+        size = len(self.dataset)
+        batches = size // per_step if self.drop_last else -(-size // per_step)
+        if self.participants == 0:
+            steps = getattr(self.gradient_state, "num_steps", 1) or 1
+            batches += DISCARD_SLACK * steps
+        return batches
 
     def _generators(self) -> list[torch.Generator]:
         found: list[torch.Generator] = []
@@ -145,6 +163,16 @@ class CursorLoader:
         put the loader at the job's epoch."""
         if self.passes < self._live_from:
             return
+        if epoch != self.epoch and self._order is not None and 0 < self.cursor < len(self._order):
+            # Every sample of an epoch is trained once: one left behind would never be.
+            raise RuntimeError(
+                f"set_epoch({epoch}) while epoch {self.epoch} of this fault-tolerant DataLoader "
+                f"has {len(self._order) - self.cursor} of its {len(self._order)} samples left to "
+                "train: a replica group's share of an epoch changes with the groups present and "
+                "with discarded steps (drawn again), so a loop that draws a fixed number of "
+                "batches per epoch can run out before the epoch does. Iterate the DataLoader to "
+                "its end each epoch (docs: Training through failures, limits)"
+            )
         if epoch != self.epoch:
             self.epoch, self.cursor, self._pending = epoch, 0, 0
             self._order, self._start_states = None, None
@@ -214,6 +242,8 @@ class CursorLoader:
             # nothing; an evaluation pass runs again with the job's gathered results.
             if not training and self.passes in self.gathered:
                 yield from self._evaluation_pass(replay=self.gathered[self.passes])
+            elif training:
+                yield from self._stand_in()
             return
         if self._finished() and training:
             return  # a group's script ended: nobody trains past the job's last step
@@ -235,7 +265,8 @@ class CursorLoader:
                     return  # another group's script ended: nobody draws past its last step
                 view = self._begin_step()
                 if self.passes <= self._skip_through:
-                    return  # the heal just said the job finished this pass
+                    yield from self._stand_in()  # the heal just said the job finished this pass
+                    return
                 self.participants = view.participants
                 indices = self._slice(view)
                 if indices is None:
@@ -249,6 +280,22 @@ class CursorLoader:
             self.iterating = False
             if self.gradient_state is not None:
                 self.gradient_state._remove_dataloader(self)
+
+    def _stand_in(self) -> Iterator[Any]:
+        """What a training pass the job finished before this group came back yields: nothing,
+        except to a loop that ends its training at a pass without batches (transformers' Trainer:
+        "There seems not to be a single sample in your epoch_iterator, stopping training"), which
+        gets one batch of the dataset's first samples that trains nothing (the session's
+        `phantom` step: no backward, no quorum, the optimizer step skipped), so that its loop
+        passes through the epoch as the script's own loops do."""
+        if self._phantom is None or not _drawn_by_trainer(sys._getframe(1)):
+            return
+        self._phantom()
+        self.end_of_dataloader = True
+        batch = self.collate_fn(
+            [self.dataset[i] for i in range(min(self.batch_size, len(self.dataset)))]
+        )
+        yield send_to_device(batch, self.device) if self.device is not None else batch
 
     def _evaluation_pass(self, replay: list[Any] | None = None) -> Iterator[Any]:
         """The whole dataset over this group's processes (see the class docstring); with `replay`,
@@ -398,6 +445,19 @@ class CursorLoader:
             generator.set_state(saved)
         self.epoch, self.cursor, self._pending = int(state["epoch"]), cursor, 0
         self._order, self._start_states = None, None
+
+
+def _drawn_by_trainer(frame: Any) -> bool:
+    """Whether the generator whose frame called this draws for transformers' Trainer (its
+    `get_batch_samples`, a few frames up through the prepared DataLoader's wrappers)."""
+    for _ in range(6):  # bounded: the Trainer's draw is within a few frames of the loader
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return False
+        module = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "get_batch_samples" and module.startswith("transformers."):
+            return True
+    return False
 
 
 def _kept(result: Any) -> Any:

@@ -41,6 +41,9 @@ class ScriptSide:
     begin_step: Callable[..., StepView]
     commit: Callable[[], bool]
     shutdown: Callable[[], None]
+    _heal: Any
+    # The batch drawn last is a stand-in (loader.py `_stand_in`): its step trains nothing.
+    phantom_step = False
 
     @property
     def job_finished(self) -> bool:
@@ -64,9 +67,33 @@ class ScriptSide:
             training=self._models_training,
             finished=lambda: self.job_finished,
             group_loader=group_loader,
+            phantom=self._start_phantom,
         )
         self.loaders.append(loader)
+        # Prepared after this restarted group healed (transformers' Trainer prepares a DataLoader
+        # for each evaluation): it lines up with the job's loader prepared in the same place.
+        self._heal.line_up_later(loader, len(self.loaders) - 1)
         return loader
+
+    def _start_phantom(self) -> None:
+        self.phantom_step = True
+
+    def end_phantom(self) -> bool:
+        """The optimizer step of a stand-in batch: nothing to average, nothing commits (the
+        optimizer reports a skipped step); the step leaves no trace in the job."""
+        self.phantom_step = False
+        for loader in self.loaders:
+            loader.end_step(False)
+        return False
+
+    def trains_nothing(self) -> bool:
+        """Whether the batch in hand is a stand-in, whose backward pass is skipped."""
+        return self.phantom_step
+
+    def cuts(self, active_loader: Any) -> bool:
+        """Whether `active_loader` (the dataloader being iterated) is one of this session's
+        exactly-once loaders, whose batches are cut over every group's ranks."""
+        return any(active_loader is loader for loader in self.loaders)
 
     def _models_training(self) -> bool:
         """Whether a pass starting now trains: the prepared models are in training mode."""

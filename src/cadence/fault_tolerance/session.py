@@ -197,6 +197,7 @@ class FaultTolerantSession(ScriptSide):
         (`after_gradients`: a heal then makes the step's gradients stale, and the group sits the
         step out).
         """
+        self.phantom_step = False  # a real draw: any stand-in batch before it is over
         if self._view is not None:
             return self._view
         step = self.manager.current_step()
@@ -311,8 +312,8 @@ class FaultTolerantSession(ScriptSide):
         Raises:
             RuntimeError: no model was prepared (a healing group could not receive its weights).
         """
-        if self._summed is not None or not self.optimizers:
-            return  # averaged already; or no prepared optimizer: no step to commit
+        if self._summed is not None or not self.optimizers or self.phantom_step:
+            return  # averaged already; no prepared optimizer; or a stand-in batch's step
         if not self.models:
             raise RuntimeError(
                 f"replica group {self.config.replica_group}: fault tolerance needs the model "
@@ -356,6 +357,8 @@ class FaultTolerantSession(ScriptSide):
             RuntimeError: the optimizer stepped during an evaluation pass (a DataLoader iterated
                 while the prepared model was in eval mode).
         """
+        if self.phantom_step:
+            return self.end_phantom()
         if any(loader.evaluating for loader in self.loaders):
             raise RuntimeError(
                 f"replica group {self.config.replica_group}: the optimizer stepped during a pass "
@@ -463,7 +466,12 @@ class FaultTolerantSession(ScriptSide):
 
     def _open_step_before_forward(self, module: torch.nn.Module, args: Any) -> None:
         del module, args  # the hook's signature
-        if self._view is None and not self._closed and torch.is_grad_enabled():
+        # Not for a stand-in batch (script_side.py): its step trains nothing.
+        if (
+            self._view is None
+            and not (self._closed or self.phantom_step)
+            and torch.is_grad_enabled()
+        ):
             self.begin_step()
 
     def attach_optimizer(self, optimizer: Any) -> None:
@@ -536,11 +544,6 @@ class FaultTolerantSession(ScriptSide):
         """A prepared scheduler: it follows committed steps (the optimizer's skip flag); its state
         travels to a healing group."""
         self.schedulers.append(scheduler)
-
-    def cuts(self, active_loader: Any) -> bool:
-        """Whether `active_loader` (the dataloader being iterated) is one of this session's
-        exactly-once loaders, whose batches are cut over every group's ranks."""
-        return any(active_loader is loader for loader in self.loaders)
 
     def gather_for_metrics(self, data: Any, use_gather_object: bool, process_index: int) -> Any:
         """The open step's results of every participating rank across the groups, in participating
