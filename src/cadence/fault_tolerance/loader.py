@@ -51,7 +51,8 @@ class CursorLoader:
     loader counts its passes; a restarted group's script starts again at its first line, and the
     heal tells it how many passes the job has finished (`line_up`): it passes through those
     without yielding (its script's loops run through the epochs the job finished without training
-    or evaluating twice) and continues the job's current pass at the cursor.
+    or evaluating twice; transformers' Trainer gets one stand-in batch that trains nothing, see
+    `_stand_in`) and continues the job's current pass at the cursor.
 
     Args:
         data_loader: the user's DataLoader (see loader_source.py for what it may be).
