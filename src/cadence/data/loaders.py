@@ -7,6 +7,7 @@ LoaderPosition so that `state_dict()` / `load_state_dict()` resume exactly where
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -441,7 +442,31 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         self.iteration = iteration
 
     def __iter__(self) -> Iterator[Any]:
-        # Everything happens at the first next(), as for any generator (iter() alone does nothing).
+        passes = self._pass()
+        if self._resumes_after_the_last_batch():
+            # A pass resumed after its epoch's last batch holds nothing: it ends now, when the
+            # iterator is made (as torch's DataLoader draws an epoch's start at iter()), so a
+            # loader zipped behind another whose pass ended first (zip(a, b) never pulls from b)
+            # is at its next epoch all the same.
+            leftover = next(passes, _EXHAUSTED)
+            return iter(()) if leftover is _EXHAUSTED else itertools.chain([leftover], passes)
+        return passes
+
+    def _resumes_after_the_last_batch(self) -> bool:
+        """Whether the pending resume is a position after this epoch's last batch, on the same
+        number of processes, of a map-style dataset with no skip of its own."""
+        resume = self._position.pending
+        if resume is None or not resume.get("in_epoch") or resume.get("source_skip"):
+            return False
+        if self.use_stateful_dataloader or self.skip_batches or self._sampler_skip():
+            return False
+        if isinstance(self.dataset, torch.utils.data.IterableDataset):
+            return False
+        return int(resume.get("batches_yielded", 0)) >= DataLoaderAdapter.__len__(self)
+
+    def _pass(self) -> Iterator[Any]:
+        # Everything happens at the first next(), as for any generator (iter() alone does nothing),
+        # except the end of a pass resumed after its last batch (see __iter__).
         stop_notice.at_step_boundary()  # the graceful stop happens before a batch is handed out
         resume = self._position.take_pending()
         exact = resume is not None and resume.get("exact", True)
@@ -603,6 +628,8 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
         self._non_blocking = False
 
     __iter__ = DataLoaderShard.__iter__
+    _pass = DataLoaderShard._pass
+    _resumes_after_the_last_batch = DataLoaderShard._resumes_after_the_last_batch
     _settle_remainder = DataLoaderShard._settle_remainder
 
     def __len__(self) -> int:
