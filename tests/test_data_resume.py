@@ -172,6 +172,29 @@ def test_zipped_loaders_saved_after_the_last_batch_resume_together():
     assert [pair[1] for pair in got] == expected["sequential"][1]
 
 
+def test_zipped_loaders_saved_after_the_last_batch_resume_together_on_one_process():
+    """The same, saved on 2 processes and resumed on 1 (the elastic case: the position is global):
+    the rest of epoch 0 is empty for both, then both read the whole of epoch 1."""
+    loaders = {case: build(case, 0) for case in ("shuffled-2-ranks", "sequential")}
+    steps = len(as_lists(build("sequential", 0)))
+    for step, _ in enumerate(zip(*loaders.values()), start=1):
+        if step == steps:
+            states = {case: through_file(loader.state_dict()) for case, loader in loaders.items()}
+    torch.manual_seed(0)
+    resumed = {
+        "shuffled-2-ranks": prepare_data_loader(
+            DataLoader(range(23), batch_size=3, shuffle=True), rng_types=["generator"]
+        ),
+        "sequential": prepare_data_loader(DataLoader(range(23), batch_size=3)),
+    }
+    for case, loader in resumed.items():
+        loader.load_state_dict(states[case])
+    assert list(zip(*resumed.values())) == []  # the rest of epoch 0
+    got = list(zip(*resumed.values()))
+    assert sorted(i for pair in got for i in pair[0].tolist()) == list(range(23))
+    assert [i for pair in got for i in pair[1].tolist()] == list(range(23))
+
+
 def test_state_is_plain_values_and_tensors():
     loader = build("shuffled-2-ranks", 0)
     next(iter(loader))

@@ -18,7 +18,7 @@ from ..diagnostics.stop_notice import notice as stop_notice
 from ..runtime.random import synchronize_rng_states
 from ..runtime.state import GradientState
 from .device_prefetch import batch_transfer, pin_memory_kwargs
-from .elastic import SourceResumeSkip, draw_from_global_rng, order_from_global_rng
+from .elastic import GLOBAL_KEY, SourceResumeSkip, draw_from_global_rng, order_from_global_rng
 from .position import (
     LoaderPosition,
     load_position,
@@ -453,15 +453,21 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         return passes
 
     def _resumes_after_the_last_batch(self) -> bool:
-        """Whether the pending resume is a position after this epoch's last batch, on the same
-        number of processes, of a map-style dataset with no skip of its own."""
+        """Whether the pending resume is a position after this epoch's last batch (of a map-style
+        dataset, with no skip of its own). A wrong yes only starts the pass early (see
+        __iter__)."""
         resume = self._position.pending
-        if resume is None or not resume.get("in_epoch") or resume.get("source_skip"):
+        if resume is None or not resume.get("in_epoch"):
             return False
         if self.use_stateful_dataloader or self.skip_batches or self._sampler_skip():
             return False
         if isinstance(self.dataset, torch.utils.data.IterableDataset):
             return False
+        if resume.get("source_skip"):  # saved on another number of processes: its global count
+            samples = (resume.get(GLOBAL_KEY) or {}).get("samples")
+            size = (resume.get(GLOBAL_KEY) or {}).get("source_batch_size") or 1
+            short = size - 1 if self.drop_last or self._drop_last else 0
+            return isinstance(samples, int) and samples >= len(self.dataset) - short
         return int(resume.get("batches_yielded", 0)) >= DataLoaderAdapter.__len__(self)
 
     def _pass(self) -> Iterator[Any]:
