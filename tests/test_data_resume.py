@@ -195,6 +195,23 @@ def test_zipped_loaders_saved_after_the_last_batch_resume_together_on_one_proces
     assert [i for pair in got for i in pair[1].tolist()] == list(range(23))
 
 
+def test_zipped_loaders_saved_as_the_next_pass_starts_resume_as_they_would_have_gone_on():
+    """zip(a, b) leaves b at its last batch; the next zip's iter() calls start both passes afresh
+    (b's included, as a DataLoader's would), and a checkpoint saved then (a stop notice at the
+    pass's first draw: the elastic campaign's seed 105) resumes with those fresh passes."""
+    loaders = {case: build(case, 0) for case in ("shuffled-2-ranks", "sequential")}
+    for _ in zip(*loaders.values()):
+        pass
+    iterators = [iter(loader) for loader in loaders.values()]
+    states = {case: through_file(loader.state_dict()) for case, loader in loaders.items()}
+    expected = [[batch.tolist() for batch in pair] for pair in zip(*iterators)]
+    assert len(expected) == len(as_lists(build("sequential", 0)))
+    resumed = {case: build(case, 0) for case in loaders}
+    for case, loader in resumed.items():
+        loader.load_state_dict(states[case])
+    assert [[batch.tolist() for batch in pair] for pair in zip(*resumed.values())] == expected
+
+
 def test_state_is_plain_values_and_tensors():
     loader = build("shuffled-2-ranks", 0)
     next(iter(loader))

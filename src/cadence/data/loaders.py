@@ -442,6 +442,13 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         self.iteration = iteration
 
     def __iter__(self) -> Iterator[Any]:
+        if self._position.pending is None and self._left_at_the_last_batch():
+            # The last pass handed out its epoch's last batch and was left there (zip(a, b) stops
+            # at a's end without pulling from b again): the pass this iterator makes starts
+            # afresh, so the position says so from now on (a checkpoint saved before its first
+            # batch resumes with that fresh pass, not with the rest of the old one).
+            self._position.in_epoch = False
+            self._position.yielded = 0
         passes = self._pass()
         if self._resumes_after_the_last_batch():
             # A pass resumed after its epoch's last batch holds nothing: it ends now, when the
@@ -452,16 +459,26 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
             return iter(()) if leftover is _EXHAUSTED else itertools.chain([leftover], passes)
         return passes
 
+    def _left_at_the_last_batch(self) -> bool:
+        """Whether the position is after the current epoch's last batch, its pass not ended."""
+        position = self._position
+        if not position.in_epoch or not self._counts_batches():
+            return False
+        return position.yielded >= DataLoaderAdapter.__len__(self)
+
+    def _counts_batches(self) -> bool:
+        """Whether this loader's batches per epoch are known (a map-style dataset, no skip of its
+        own, not torchdata's state)."""
+        if self.use_stateful_dataloader or self.skip_batches or self._sampler_skip():
+            return False
+        return not isinstance(self.dataset, torch.utils.data.IterableDataset)
+
     def _resumes_after_the_last_batch(self) -> bool:
         """Whether the pending resume is a position after this epoch's last batch (of a map-style
         dataset, with no skip of its own). A wrong yes only starts the pass early (see
         __iter__)."""
         resume = self._position.pending
-        if resume is None or not resume.get("in_epoch"):
-            return False
-        if self.use_stateful_dataloader or self.skip_batches or self._sampler_skip():
-            return False
-        if isinstance(self.dataset, torch.utils.data.IterableDataset):
+        if resume is None or not resume.get("in_epoch") or not self._counts_batches():
             return False
         if resume.get("source_skip"):  # saved on another number of processes: its global count
             samples = (resume.get(GLOBAL_KEY) or {}).get("samples")
@@ -636,6 +653,8 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
     __iter__ = DataLoaderShard.__iter__
     _pass = DataLoaderShard._pass
     _resumes_after_the_last_batch = DataLoaderShard._resumes_after_the_last_batch
+    _left_at_the_last_batch = DataLoaderShard._left_at_the_last_batch
+    _counts_batches = DataLoaderShard._counts_batches
     _settle_remainder = DataLoaderShard._settle_remainder
 
     def __len__(self) -> int:
