@@ -195,18 +195,26 @@ def test_zipped_loaders_saved_after_the_last_batch_resume_together_on_one_proces
     assert [i for pair in got for i in pair[1].tolist()] == list(range(23))
 
 
-def test_zipped_loaders_saved_as_the_next_pass_starts_resume_as_they_would_have_gone_on():
-    """zip(a, b) leaves b at its last batch; the next zip's iter() calls start both passes afresh
-    (b's included, as a DataLoader's would), and a checkpoint saved then (a stop notice at the
-    pass's first draw: the elastic campaign's seed 105) resumes with those fresh passes."""
-    loaders = {case: build(case, 0) for case in ("shuffled-2-ranks", "sequential")}
+ZIPPED = ("shuffled-2-ranks", "shuffled-drop-last", "shuffled-split", "seedable")
+
+
+@pytest.mark.parametrize("first", ZIPPED)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_zipped_loaders_saved_as_the_next_pass_starts_resume_as_they_would_have_gone_on(
+    first, rank
+):
+    """zip(a, b) leaves b unfinished (at its last batch, or before it when a has fewer batches:
+    drop_last); the next zip's iter() calls start both passes afresh (b's included, as a
+    DataLoader's would), and a checkpoint saved then (a stop notice at the pass's first draw: the
+    elastic campaign's seed 105) resumes with those fresh passes."""
+    loaders = {case: build(case, rank) for case in (first, "sequential")}
     for _ in zip(*loaders.values()):
         pass
     iterators = [iter(loader) for loader in loaders.values()]
     states = {case: through_file(loader.state_dict()) for case, loader in loaders.items()}
     expected = [[batch.tolist() for batch in pair] for pair in zip(*iterators)]
-    assert len(expected) == len(as_lists(build("sequential", 0)))
-    resumed = {case: build(case, 0) for case in loaders}
+    assert len(expected) == min(len(as_lists(build(case, rank))) for case in loaders)
+    resumed = {case: build(case, rank) for case in loaders}
     for case, loader in resumed.items():
         loader.load_state_dict(states[case])
     assert [[batch.tolist() for batch in pair] for pair in zip(*resumed.values())] == expected

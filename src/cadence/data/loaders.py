@@ -18,7 +18,7 @@ from ..diagnostics.stop_notice import notice as stop_notice
 from ..runtime.random import synchronize_rng_states
 from ..runtime.state import GradientState
 from .device_prefetch import batch_transfer, pin_memory_kwargs
-from .elastic import GLOBAL_KEY, SourceResumeSkip, draw_from_global_rng, order_from_global_rng
+from .elastic import SourceResumeSkip, draw_from_global_rng, order_from_global_rng
 from .position import (
     LoaderPosition,
     load_position,
@@ -442,54 +442,29 @@ class DataLoaderShard(DataLoaderAdapter, DataLoaderStateMixin):
         self.iteration = iteration
 
     def __iter__(self) -> Iterator[Any]:
-        if self._position.pending is None and self._left_at_the_last_batch():
-            # The last pass handed out its epoch's last batch and was left there (zip(a, b) stops
-            # at a's end without pulling from b again): the pass this iterator makes starts
-            # afresh, so the position says so from now on (a checkpoint saved before its first
-            # batch resumes with that fresh pass, not with the rest of the old one).
-            self._position.in_epoch = False
-            self._position.yielded = 0
         passes = self._pass()
-        if self._resumes_after_the_last_batch():
-            # A pass resumed after its epoch's last batch holds nothing: it ends now, when the
-            # iterator is made (as torch's DataLoader draws an epoch's start at iter()), so a
-            # loader zipped behind another whose pass ended first (zip(a, b) never pulls from b)
-            # is at its next epoch all the same.
-            leftover = next(passes, _EXHAUSTED)
-            return iter(()) if leftover is _EXHAUSTED else itertools.chain([leftover], passes)
+        batches = self._batches_per_epoch()
+        if batches is not None:  # a pass left unfinished, or resumed at its epoch's end
+            position = self._position
+            position.restart_if_left()
+            drop_last = self.drop_last or self._drop_last
+            if position.resumes_after_the_end(batches, len(self.dataset), drop_last):
+                leftover = next(passes, _EXHAUSTED)  # a wrong yes only starts the pass early
+                return iter(()) if leftover is _EXHAUSTED else itertools.chain([leftover], passes)
         return passes
 
-    def _left_at_the_last_batch(self) -> bool:
-        """Whether the position is after the current epoch's last batch, its pass not ended."""
-        position = self._position
-        if not position.in_epoch or not self._counts_batches():
-            return False
-        return position.yielded >= DataLoaderAdapter.__len__(self)
-
-    def _counts_batches(self) -> bool:
-        """Whether this loader's batches per epoch are known (a map-style dataset, no skip of its
-        own, not torchdata's state)."""
+    def _batches_per_epoch(self) -> int | None:
+        """This process's batches in an epoch; None when not known here (an iterable dataset, a
+        skip of its own, torchdata's state)."""
         if self.use_stateful_dataloader or self.skip_batches or self._sampler_skip():
-            return False
-        return not isinstance(self.dataset, torch.utils.data.IterableDataset)
-
-    def _resumes_after_the_last_batch(self) -> bool:
-        """Whether the pending resume is a position after this epoch's last batch (of a map-style
-        dataset, with no skip of its own). A wrong yes only starts the pass early (see
-        __iter__)."""
-        resume = self._position.pending
-        if resume is None or not resume.get("in_epoch") or not self._counts_batches():
-            return False
-        if resume.get("source_skip"):  # saved on another number of processes: its global count
-            samples = (resume.get(GLOBAL_KEY) or {}).get("samples")
-            size = (resume.get(GLOBAL_KEY) or {}).get("source_batch_size") or 1
-            short = size - 1 if self.drop_last or self._drop_last else 0
-            return isinstance(samples, int) and samples >= len(self.dataset) - short
-        return int(resume.get("batches_yielded", 0)) >= DataLoaderAdapter.__len__(self)
+            return None
+        if isinstance(self.dataset, torch.utils.data.IterableDataset):
+            return None
+        return DataLoaderAdapter.__len__(self)
 
     def _pass(self) -> Iterator[Any]:
         # Everything happens at the first next(), as for any generator (iter() alone does nothing),
-        # except the end of a pass resumed after its last batch (see __iter__).
+        # except the end of a pass left unfinished or resumed at its epoch's end (see __iter__).
         stop_notice.at_step_boundary()  # the graceful stop happens before a batch is handed out
         resume = self._position.take_pending()
         exact = resume is not None and resume.get("exact", True)
@@ -652,9 +627,7 @@ class SkipDataLoader(DataLoaderAdapter, DataLoaderStateMixin):
 
     __iter__ = DataLoaderShard.__iter__
     _pass = DataLoaderShard._pass
-    _resumes_after_the_last_batch = DataLoaderShard._resumes_after_the_last_batch
-    _left_at_the_last_batch = DataLoaderShard._left_at_the_last_batch
-    _counts_batches = DataLoaderShard._counts_batches
+    _batches_per_epoch = DataLoaderShard._batches_per_epoch
     _settle_remainder = DataLoaderShard._settle_remainder
 
     def __len__(self) -> int:

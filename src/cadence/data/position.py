@@ -79,6 +79,30 @@ class LoaderPosition:
         pending, self.pending = self.pending, None
         return pending
 
+    # A pass left before its end: zip(a, b) stops at a's end without pulling from b again (a break
+    # leaves one too), and a DataLoader's next iter() simply starts afresh.
+    def restart_if_left(self) -> None:
+        """At a new iter(): a pass left unfinished is over; the new pass starts afresh (the same
+        epoch, as Accelerate's left iterator does), and a checkpoint saved before its first batch
+        says so instead of resuming the rest of the old pass."""
+        if self.pending is None and self.in_epoch:
+            self.in_epoch, self.yielded = False, 0
+
+    def resumes_after_the_end(self, batches: int, samples: int, drop_last: bool) -> bool:
+        """Whether the pending resume is after its epoch's last batch (of `batches` on this
+        process; of `samples` in the dataset, for a resume from another number of processes): its
+        pass holds nothing and ends when its iterator is made, as a DataLoader's epoch starts at
+        iter(), so a loader zipped behind another stays in step."""
+        resume = self.pending
+        if resume is None or not resume.get("in_epoch"):
+            return False
+        if resume.get("source_skip"):  # saved on another number of processes: its global count
+            record = resume.get(GLOBAL_KEY) or {}
+            short = (record.get("source_batch_size") or 1) - 1 if drop_last else 0
+            seen = record.get("samples")
+            return isinstance(seen, int) and seen >= samples - short
+        return int(resume.get("batches_yielded", 0)) >= batches
+
 
 def named_generators(loader: Any) -> list[tuple[str, torch.Generator]]:
     """The distinct torch.Generator objects that decide a loader's order, in a fixed order."""
