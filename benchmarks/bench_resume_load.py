@@ -410,6 +410,13 @@ def main() -> None:
     parser.add_argument(
         "--warm-loads", type=int, default=2, help="ranks mode: loads after the first"
     )
+    parser.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="ranks mode: leave Cadence's sources uncompiled (by default they are compiled to "
+        "bytecode first, as an installed package is, so that a PYTHONDONTWRITEBYTECODE "
+        "environment does not time the compiler in the first call)",
+    )
     parser.add_argument("--rank-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--no-step",
@@ -444,6 +451,8 @@ def main() -> None:
         if "repeated" in args.mode:
             repeated_rounds(args, folder)
         if "ranks" in args.mode:
+            if not args.no_bytecode:
+                compile_cadence()
             multi_rank_load.multi_rank_rounds(
                 os.path.abspath(__file__),
                 args.params,
@@ -455,6 +464,21 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def compile_cadence() -> None:
+    """Compile Cadence's sources to bytecode, as `pip install` does for an installed package (an
+    editable install in a PYTHONDONTWRITEBYTECODE environment has none, and every first import
+    compiles)."""
+    import importlib.util
+
+    package = importlib.util.find_spec("cadence").submodule_search_locations[0]
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", package], check=True, stdout=subprocess.DEVNULL
+    )
+    print(
+        f"Cadence's sources compiled to bytecode ({package}); --no-bytecode leaves them as they are"
+    )
 
 
 def repeated_rounds(args, folder: Path) -> None:

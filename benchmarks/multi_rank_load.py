@@ -11,7 +11,8 @@ optimizer's state stays in the mapping, as an expert's resume would leave it). C
 `Accelerator.load_state` (every byte of the files checksummed once per machine, the ranks agreeing
 on the result before anything is applied). Also timed: the first optimizer step after the first
 load, where the raw load reads the optimizer's bytes it left in the mapping. BENCH_PROFILE=first or
-=warm prints rank 0's profile of the first or of one more warm load.
+=warm prints rank 0's profile of the first or of one more warm load (BENCH_SORT: the pstats order,
+default tottime; BENCH_LINES: how many lines, default 15).
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def _profiled(fn) -> float:
 
     profile = cProfile.Profile()
     result = profile.runcall(fn)
-    pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+    pstats.Stats(profile, stream=sys.stderr).sort_stats(
+        os.environ.get("BENCH_SORT", "tottime")
+    ).print_stats(int(os.environ.get("BENCH_LINES", "15")))
     return result
 
 

@@ -108,3 +108,42 @@ def test_deferred_subsystems_load_when_used(tmp_path):
     loaded = _loaded_after(code)
     assert "cadence.checkpointing.checkpointer" in loaded and "cadence.bigmodel" in loaded
     assert (tmp_path / "ckpt").is_dir()
+
+
+# What a resume does not use: the writing side of checkpoint storage and the model exporter, which
+# the first load_state in a new process would otherwise import (and, without bytecode caches,
+# compile) before its first byte is read (issue 46, item 2).
+UNUSED_BY_A_RESUME = (
+    "cadence.checkpointing.async_writer",
+    "cadence.checkpointing.space",
+    "cadence.checkpointing.writer_lock",
+    "cadence.checkpointing.model_io",
+    "cadence.checkpointing.custom_state",
+    "cadence.bigmodel.loading",
+    "cadence.bigmodel.offload",
+)
+
+
+def test_a_resume_loads_only_the_reading_side_of_checkpoint_storage(tmp_path):
+    setup = (
+        "import torch\n"
+        "from cadence import Accelerator\n"
+        "torch.manual_seed(0)\n"
+        "acc = Accelerator(cpu=True)\n"
+        "model = torch.nn.Linear(3, 3)\n"
+        "opt = torch.optim.AdamW(model.parameters())\n"
+        "model, opt = acc.prepare(model, opt)\n"
+    )
+    folder = str(tmp_path / "ckpt")
+    saved = _loaded_after(
+        setup + "model(torch.ones(1, 3)).sum().backward(); opt.step()\n"
+        f"acc.save_state({folder!r})\n"
+        f"torch.save(model.weight.detach().clone(), {str(tmp_path / 'w.pt')!r})\n"
+    )
+    assert "cadence.checkpointing.async_writer" in saved  # the save did use the writing side
+    resumed = _loaded_after(
+        setup + f"acc.load_state({folder!r})\n"
+        f"assert torch.equal(model.weight, torch.load({str(tmp_path / 'w.pt')!r}))\n"
+    )
+    assert "cadence.checkpointing.reader" in resumed  # it did load, verified (the assert ran)
+    assert not _offenders(resumed, UNUSED_BY_A_RESUME)

@@ -14,19 +14,13 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.prepared import PreparedObjects
 from ..diagnostics.stop_notice import say_resumed
 from ..options.dataclasses import ProjectConfiguration
 from ..runtime.collectives import gather_object
 from ..strategies import Strategy
-from .async_writer import (
-    AsyncCheckpointSaver,
-    commit_checkpoint,
-    write_and_commit,
-    write_rank_files,
-)
 from .atomic import begin_checkpoint, new_token
 from .engine_files import verify_engine_files
 from .errors import CheckpointError, CheckpointMismatchError, NoCheckpointError
@@ -40,7 +34,6 @@ from .layout import (
     scaler_file,
     scheduler_file,
 )
-from .model_io import parse_shard_size, save_model
 from .reader import open_checkpoint
 from .rotation import (
     checkpoints_dir,
@@ -57,7 +50,10 @@ from .state_io import (
     dataloader_rank_file,
     read_training_state,
 )
-from .writer_lock import claim_project_dir
+
+if TYPE_CHECKING:
+    from .async_writer import AsyncCheckpointSaver
+
 
 
 def _failure(error: BaseException | None, rank: int) -> dict | None:
@@ -152,6 +148,9 @@ class Checkpointer:
             return
         if config.project_dir is None:
             return  # _resolve_save_dir says what is missing
+        # The writing side loads with the first save: a job that only resumes never imports it.
+        from .writer_lock import claim_project_dir
+
         claim_project_dir(
             config.project_dir,
             is_main=self.is_main_process,
@@ -254,6 +253,13 @@ class Checkpointer:
         `writes=False` (a replica group that leaves the writing to another) writes nothing and
         returns the folder the writing group uses, counting it as saved.
         """
+        from .async_writer import (
+            AsyncCheckpointSaver,
+            commit_checkpoint,
+            write_and_commit,
+            write_rank_files,
+        )
+
         async_save = bool(kwargs.pop("async_save", False))
         if not writes:
             config = self.project_config
@@ -477,6 +483,8 @@ class Checkpointer:
         safe_serialization: bool = True,
     ) -> None:
         """Write the model's whole weights as (sharded) safetensors with an index (collective)."""
+        from .model_io import parse_shard_size, save_model  # the exporter: only when exporting
+
         parse_shard_size(
             max_shard_size
         )  # on every rank, so no rank waits for a failed main process
