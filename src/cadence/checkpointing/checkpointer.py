@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from .async_writer import AsyncCheckpointSaver
 
 
-
 def _failure(error: BaseException | None, rank: int) -> dict | None:
     if error is None:
         return None
