@@ -20,7 +20,8 @@ afterwards). Modes (--mode, default: cold new-process):
   ranks:       several processes of this machine (--processes, default 2 4), every rank loading
                the same checkpoint: warm, first call in a new process, cold, against the raw mmap
                load on every rank (multi_rank_load.py; issue 46; numbers in
-               docs/concepts/checkpoints.md)
+               docs/concepts/checkpoints.md); Cadence's sources are compiled to bytecode first, as
+               an installed package has them (--no-bytecode: left as they are)
 
 Raw, Cadence and (with --before-src) an older Cadence take turns, the order reversed every round;
 medians and min-max of each ratio to the raw load of the same round are printed, of wall time and

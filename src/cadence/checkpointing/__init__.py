@@ -4,7 +4,7 @@ This layer knows nothing of the Accelerator or torch.distributed: callers pass r
 flags, and place barriers themselves. torch is imported only by the functions that need it.
 
 The names below load their module on first use: a `load_state` imports the reading side only
-(not the async writer, rotation, the writer lock or the model exporter), which is most of what
+(not the async writer, the writer lock or the model exporter), which is most of what
 the first load in a new process pays beyond a later one (issue 46).
 """
 
