@@ -205,6 +205,19 @@ def test_checkpoint_deleted_between_listing_and_reading_is_a_checkpoint_error(tm
         accelerator.load_state(path)
 
 
+@pytest.mark.parametrize("what", ["missing", "a file"])
+def test_load_state_of_no_folder_says_it_as_accelerate_does(tmp_path, what):
+    # Accelerate raises ValueError("Tried to find <dir> but folder does not exist"): scripts and
+    # tests written for it match that text and catch ValueError.
+    path = tmp_path / "ckpt"
+    if what == "a file":
+        path.write_text("not a checkpoint")
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=f"^Tried to find {path} but folder does not exist"):
+        accelerator.load_state(str(path))
+
+
 SAVE_AND_ROTATE = """
 import sys, torch
 from cadence import Accelerator

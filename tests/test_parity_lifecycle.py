@@ -77,6 +77,19 @@ def test_prepared_objects_and_the_accelerator_are_freed(dist_pool, stop_after):
 
 
 # -- the reset hint ------------------------------------------------------------------------------
+@pytest.mark.parametrize("count", [0, 1, 2])
+def test_free_memory_and_clear_return_a_list_of_nones(count):
+    # Accelerate returns a list (release_memory's): `model, opt = ...` works either way, but code
+    # that appends to it or compares it with a list does not with a tuple.
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    objects = [acc.prepare(torch.nn.Linear(2, 2)) for _ in range(count)]
+    assert acc.free_memory(*objects) == [None] * count
+    assert acc.clear(*objects) == [None] * count
+    assert acc._models == []  # and it forgot what it prepared
+
+
 def test_state_read_after_reset_names_the_reset():
     from cadence import Accelerator
     from cadence.state import AcceleratorState, PartialState

@@ -87,7 +87,7 @@ class ModelMethods:
 
         return training_checks.verify_device_map(model)
 
-    def free_memory(self, *objects: Any) -> tuple[Any, ...]:
+    def free_memory(self, *objects: Any) -> list[None]:
         """Forget every prepared object, collect garbage and empty the CUDA cache; returns `objects` as Nones.
 
         Use it between trainings in one process (for example when retrying with a smaller batch): drop your
@@ -97,7 +97,7 @@ class ModelMethods:
             *objects: Your references to prepared objects, to be replaced by None.
 
         Returns:
-            tuple: As many `None`s as objects passed.
+            list: As many `None`s as objects passed (a list, as Accelerate returns).
 
         Example:
             >>> import torch
@@ -112,19 +112,19 @@ class ModelMethods:
 
         self._prepared.clear_training_objects()
         self.step = 0
-        objects = tuple(None for _ in objects)
+        objects = [None for _ in objects]
         gc.collect()
         if torch.cuda.is_initialized():  # no CUDA context, no cache (and no context created here)
             torch.cuda.empty_cache()
         return objects
 
-    def clear(self, *objects: Any) -> tuple[Any, ...]:
+    def clear(self, *objects: Any) -> list[None]:
         """The same as `free_memory`.
 
         Args:
             *objects: Your references to prepared objects, to be replaced by None.
 
         Returns:
-            tuple: As many `None`s as objects passed.
+            list: As many `None`s as objects passed.
         """
         return self.free_memory(*objects)

@@ -322,8 +322,9 @@ def rank_manifests(
 def _read_one(directory: Path, member: str) -> Manifest:
     """One manifest file of `directory`, validated."""
     if not directory.is_dir():
+        # Accelerate's wording, so that scripts and tests matching it keep working.
         raise CheckpointIncompleteError(
-            f"Checkpoint folder {directory} does not exist.", path=directory
+            f"Tried to find {directory} but folder does not exist", path=directory
         )
     path = directory / member
     try:

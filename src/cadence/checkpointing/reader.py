@@ -383,9 +383,9 @@ def open_checkpoint(
         recover_interrupted_commit(path)
     if not path.is_dir():
         raise CheckpointIncompleteError(
-            f"Checkpoint folder {path} does not exist"
-            + (" (it is a file)" if path.exists() else "")
-            + ".",
+            # Accelerate's wording, so that scripts and tests matching it keep working.
+            f"Tried to find {path} but folder does not exist"
+            + (" (a file of that name does)" if path.exists() else ""),
             path=path,
         )
     if verify not in ("full", "sizes", "none"):
