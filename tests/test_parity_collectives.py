@@ -135,3 +135,38 @@ def test_a_bad_torch_device_variable_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("ACCELERATE_TORCH_DEVICE")
     # Nothing was half set up: the next Accelerator starts cleanly.
     assert Accelerator(cpu=True).device == torch.device("cpu")
+
+
+# -- gather_for_metrics on a loader from skip_first_batches ---------------------------------------
+def gather_after_skipping(samples: int, skip: int, shuffle: bool):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(
+        DataLoader(TensorDataset(torch.arange(samples)), batch_size=4, shuffle=shuffle)
+    )
+    whole = [acc.gather_for_metrics(x).tolist() for (x,) in loader]
+    skipped = [acc.gather_for_metrics(x).tolist() for (x,) in acc.skip_first_batches(loader, skip)]
+    return {"whole": whole, "skipped": skipped}
+
+
+@pytest.mark.parametrize("samples", [45, 48, 41])
+@pytest.mark.parametrize("skip", [0, 1, 5])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_gather_for_metrics_counts_each_sample_once_after_skip_first_batches(
+    dist_pool, samples, skip, shuffle
+):
+    # Documented: gather_for_metrics drops the samples repeated to fill the last global batch.
+    # Accelerate gathers a skipped loader's last batch whole (docs/differences.md); Cadence drops
+    # the repeats there too, so a resumed epoch's metrics count each sample once.
+    for result in dist_pool(2).run(gather_after_skipping, samples, skip, shuffle):
+        whole, skipped = result["whole"], result["skipped"]
+        assert sorted(sum(whole, [])) == list(range(samples))  # each sample once, in all
+        # Without shuffling, the skipped loader hands out the same batches as the whole one from
+        # batch `skip` on; shuffled, a new epoch's order, but the same count and no repeat.
+        if not shuffle:
+            assert skipped == whole[skip:]
+        flat = sum(skipped, [])
+        assert len(flat) == len(set(flat)) == sum(len(b) for b in whole[skip:])
