@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import random
 
 import pytest
 import torch
@@ -214,7 +215,9 @@ def test_assign_shares_balances_pieces():
         assert assign_shares(reversed(needs)) == shares
 
 
-def _dying_rank(rank, world, port, folder, results):
+def _dying_rank(rank, world, port, folder, results, victim, moment):
+    """One rank of a load in which rank `victim` dies (exit code 3) at its `moment`-th checksum of
+    a unit of its share, or at the exchange of digests when it has fewer units (moment 0: there)."""
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -227,12 +230,23 @@ def _dying_rank(rank, world, port, folder, results):
     from cadence.checkpointing import node_verify
 
     acc, _ = build()
-    if rank == 1:
+    if rank == victim:
+        calls = [0]
+        hash_unit, exchange = node_verify.MappedFile.hash, node_verify._exchange
 
-        def die(self, *args):
-            os._exit(3)  # killed in the middle of its share of the checksums
+        def hash_or_die(self, *args, **kwargs):
+            calls[0] += 1
+            if calls[0] == moment:
+                os._exit(3)  # killed in the middle of its share of the checksums
+            return hash_unit(self, *args, **kwargs)
 
-        node_verify.MappedFile.hash = die
+        def die_before_exchanging(agree, mine, rank, path, what):
+            if what.startswith("the exchange of the checksums"):
+                os._exit(3)  # its share hashed, killed before it reports it
+            return exchange(agree, mine, rank, path, what)
+
+        node_verify.MappedFile.hash = hash_or_die
+        node_verify._exchange = die_before_exchanging
     try:
         acc.load_state(folder)
     except Exception as e:
@@ -244,30 +258,48 @@ def _dying_rank(rank, world, port, folder, results):
     os._exit(0)
 
 
-def test_a_rank_dying_during_the_shared_verification_stops_the_others(tmp_path, dist_pool):
+# Seeds chosen to cover each rank of 3 and each moment: 0 (3 ranks, rank 1, the exchange),
+# 5 (3 ranks, rank 2, its first checksum), 12 (3 ranks, rank 1, its second), 15 (2 ranks, rank 0,
+# its second), 20 (2 ranks, rank 1, its second).
+@pytest.mark.parametrize("seed", [0, 5, 12, 15, 20])
+def test_a_rank_dying_during_the_shared_verification_stops_the_others(tmp_path, dist_pool, seed):
+    # The moment is drawn: which rank of 2 or 3 dies, at which checksum of its share or at the
+    # exchange of the digests. Every survivor raises, names itself and applies nothing; none hangs.
+    draw = random.Random(seed)
+    world = draw.choice([2, 3])
+    victim = draw.randrange(world)
+    moment = draw.choice([0, 1, 2])
+    print(f"seed {seed}: {world} ranks, rank {victim} dies at checksum {moment or 'exchange'}")
     folder = str(tmp_path / "ckpt")
-    dist_pool(2).run(save, folder)
+    dist_pool(world).run(save, folder)
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_port()
     processes = [
-        context.Process(target=_dying_rank, args=(rank, 2, port, folder, results))
-        for rank in range(2)
+        context.Process(
+            target=_dying_rank, args=(rank, world, port, folder, results, victim, moment)
+        )
+        for rank in range(world)
     ]
     for process in processes:
         process.start()
+    outcomes = {}
     try:
-        rank, kind, message = results.get(timeout=240)  # bounded: the survivor does not hang
+        for _ in range(world - 1):
+            rank, kind, message = results.get(timeout=240)  # bounded: survivors do not hang
+            outcomes[rank] = (kind, message)
     except queue.Empty:
-        pytest.fail("the surviving rank neither loaded nor raised")
+        pytest.fail(f"survivors neither loaded nor raised: only {sorted(outcomes)} answered")
     finally:
         for process in processes:
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
-    assert processes[1].exitcode == 3
-    assert rank == 0 and kind == "SharedVerificationError", (kind, message)
-    assert "Process 0" in message and "nothing of the checkpoint was applied" in message
+    assert processes[victim].exitcode == 3
+    assert sorted(outcomes) == [r for r in range(world) if r != victim]
+    for rank, (kind, message) in outcomes.items():
+        assert kind == "SharedVerificationError", (rank, kind, message)
+        assert f"Process {rank}" in message and "nothing of the checkpoint was applied" in message
 
 
 # ---------------------------------------------------------------- checksums of pieces (issue 46)
