@@ -191,6 +191,8 @@ def test_bad_inputs_fail_before_anything_is_loaded(sharded, tmp_path):
         (dict(device_map={"emb": "cpu", "blokcs": "cpu", "final": "cpu", "head": "cpu"}), ValueError, "does not have"),
         (dict(device_map={"": 3}), ValueError, "do not exist on this machine"),
         (dict(device_map={"emb": "cpu"}), ValueError, "does not give any device"),
+        # Accelerate's load_checkpoint_in_model names the first such weight in these words
+        (dict(device_map={"emb": "cpu"}), ValueError, r"^\S+ doesn't have any device set\."),
         (dict(device_map={"": "disk"}), ValueError, "please pass along an `offload_folder`"),
         (dict(device_map="fastest"), ValueError, "please choose 'auto', 'balanced'"),
     ]  # fmt: skip

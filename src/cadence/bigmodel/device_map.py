@@ -518,19 +518,24 @@ def check_device_map(
             UserWarning,
             stacklevel=2,
         )
-    remaining = list(model.state_dict().keys())
-    for module_name in device_map:
-        if module_name == "":
-            remaining = []
-            break
-        remaining = [
-            n for n in remaining if n != module_name and not n.startswith(module_name + ".")
-        ]
+    remaining = uncovered_tensors(model, device_map)
     if remaining:
         raise ValueError(
             "The device_map provided does not give any device for the following parameters: "
             + ", ".join(remaining)
         )
+
+
+def uncovered_tensors(model: nn.Module, device_map: Mapping[str, Any]) -> list[str]:
+    """The names in `model.state_dict()` that no key of `device_map` gives a device to."""
+    remaining = list(model.state_dict().keys())
+    for module_name in device_map:
+        if module_name == "":
+            return []
+        remaining = [
+            n for n in remaining if n != module_name and not n.startswith(module_name + ".")
+        ]
+    return remaining
 
 
 def _device_exists(device: Any) -> bool:
@@ -556,11 +561,15 @@ def _device_exists(device: Any) -> bool:
     return bool(module is not None and getattr(module, "is_available", lambda: False)())
 
 
-def validate_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
+def validate_device_map(
+    model: nn.Module, device_map: Mapping[str, Any], loading: bool = False
+) -> None:
     """Every check a device map gets before anything is loaded or moved.
 
     Raises ValueError when `device_map` is not a dict, names a module or tensor that `model` does not
-    have, uses a device that does not exist on this machine, or leaves a tensor without a device.
+    have, uses a device that does not exist on this machine, or leaves a tensor without a device
+    (with `loading`, worded as Accelerate's load_checkpoint_in_model words it: "<name> doesn't have
+    any device set.", then every such tensor).
     """
     if not isinstance(device_map, Mapping):
         raise ValueError(
@@ -586,5 +595,11 @@ def validate_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None
         raise ValueError(
             f"device_map uses device(s) that do not exist on this machine ({', '.join(missing)}); "
             f"available: 'cpu', 'disk' and {gpus}. Change the map or build it with infer_auto_device_map."
+        )
+    uncovered = uncovered_tensors(model, device_map) if loading else []
+    if uncovered:
+        raise ValueError(
+            f"{uncovered[0]} doesn't have any device set. The device_map provided does not give any "
+            f"device for the following parameters: {', '.join(uncovered)}"
         )
     check_device_map(model, device_map)

@@ -319,7 +319,7 @@ def load_checkpoint_in_model(
         )
     dtype = as_dtype(dtype)
     if device_map is not None:
-        validate_device_map(model, device_map)
+        validate_device_map(model, device_map, loading=True)
     disk_used = device_map is not None and "disk" in device_map.values()
     if disk_used and offload_folder is None:
         raise ValueError(
