@@ -413,3 +413,32 @@ def test_stateful_loaders_with_worker_processes_resume(tmp_path, dispatch):
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     _check_stateful_resumes([json.loads(out.with_suffix(f".{r}.json").read_text()) for r in (0, 1)])
+
+
+# -- a DataLoaderConfiguration assigned after construction -----------------------------------------
+def batches_after_assigning(how: str, dispatch: bool):
+    from cadence import Accelerator
+    from cadence.utils import DataLoaderConfiguration
+
+    acc = Accelerator(cpu=True)
+    if how == "assign":  # a new configuration object
+        acc.dataloader_config = DataLoaderConfiguration(
+            split_batches=True, dispatch_batches=dispatch
+        )
+    else:  # the same object, changed
+        acc.dataloader_config.split_batches = True
+        acc.dataloader_config.dispatch_batches = dispatch
+    loader = acc.prepare(DataLoader(TensorDataset(torch.arange(8)), batch_size=4))
+    return {"split": acc.split_batches, "batches": [x.tolist() for (x,) in loader]}
+
+
+@pytest.mark.parametrize("how", ["assign", "mutate"])
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_a_dataloader_configuration_set_after_construction_applies_to_later_prepares(
+    dist_pool, how, dispatch
+):
+    # Accelerate reads `accelerator.dataloader_config` at each prepare: replacing it or changing it
+    # both apply. With split_batches a batch of 4 is cut in two, one half per process.
+    for rank, result in enumerate(dist_pool(2).run(batches_after_assigning, how, dispatch)):
+        assert result["split"] is True
+        assert result["batches"] == [[2 * rank, 2 * rank + 1], [4 + 2 * rank, 5 + 2 * rank]]

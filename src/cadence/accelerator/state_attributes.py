@@ -13,6 +13,7 @@ from ..core.enums import FP8BackendType
 from ..options.dataclasses import ProjectConfiguration
 
 if TYPE_CHECKING:
+    from ..options.dataclasses import DataLoaderConfiguration
     from ..precision.policy import Precision
     from ..strategies.deepspeed_wrappers import DeepSpeedEngineWrapper
 
@@ -110,6 +111,20 @@ class StateAttributes:
         lambda self: self.dataloader_config.use_stateful_dataloader,
         doc="Whether prepared dataloaders are torchdata `StatefulDataLoader`s (from `dataloader_config`).",
     )
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """How `prepare()` shards dataloaders. Assigning a new `DataLoaderConfiguration` applies to the
+        dataloaders prepared afterwards, as in Accelerate (which reads it at each `prepare`)."""
+        return self._dataloader_config
+
+    @dataloader_config.setter
+    def dataloader_config(self, value: DataLoaderConfiguration) -> None:
+        """Use `value` for the dataloaders prepared from now on."""
+        self._dataloader_config = value
+        preparer = self.__dict__.get("_preparer")
+        if preparer is not None:  # the preparer reads it at each prepare
+            preparer.dataloader_config = value
 
     @property
     def even_batches(self) -> bool:
