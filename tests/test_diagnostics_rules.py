@@ -43,6 +43,22 @@ def test_rank_outside_the_collective_is_reported_after_the_stuck_timeout():
     assert "CADENCE_STUCK_TIMEOUT" in verdict.report  # says how to allow more time
 
 
+def test_ranks_in_one_collective_are_one_group_however_long_each_waited():
+    # Ranks reach the same gather a little apart (a loaded machine): one line, with the range of
+    # their waits, not one line per rank (the stalled-rank job test failed so at load 4).
+    states = [waiting(0, waited=6.2), waiting(1, waited=6.1), running(2), waiting(3, waited=6.2)]
+    verdict = judge(0, states, NOW, SETTINGS)
+    assert verdict.headline.endswith("ranks 0, 1, 3 wait in gather #7 at train.py:120")
+    assert (
+        "  ranks 0, 1, 3 wait in gather #7 at train.py:120 with float32[8, 10], for 6.1-6.2 s"
+        in (verdict.report)
+    )
+    same = judge(0, [waiting(0, waited=6.2), waiting(1, waited=6.2), running(2)], NOW, SETTINGS)
+    assert "ranks 0, 1 wait in gather #7 at train.py:120 with float32[8, 10], for 6.2 s" in (
+        same.report
+    )
+
+
 def test_nothing_is_reported_before_the_timeout():
     states = [waiting(0, waited=4.0), running(1)]
     assert judge(0, states, NOW, SETTINGS) is None

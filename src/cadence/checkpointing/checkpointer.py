@@ -147,8 +147,9 @@ class Checkpointer:
             return
         if config.project_dir is None:
             return  # _resolve_save_dir says what is missing
-        # The writing side loads with the first save: a job that only resumes never imports it.
-        from .writer_lock import claim_project_dir
+        from .writer_lock import (
+            claim_project_dir,
+        )  # deferred: a resume never imports the writing side
 
         claim_project_dir(
             config.project_dir,
@@ -252,7 +253,7 @@ class Checkpointer:
         `writes=False` (a replica group that leaves the writing to another) writes nothing and
         returns the folder the writing group uses, counting it as saved.
         """
-        from .async_writer import (
+        from .async_writer import (  # deferred: a resume never imports the writing side
             AsyncCheckpointSaver,
             commit_checkpoint,
             write_and_commit,
@@ -482,7 +483,7 @@ class Checkpointer:
         safe_serialization: bool = True,
     ) -> None:
         """Write the model's whole weights as (sharded) safetensors with an index (collective)."""
-        from .model_io import parse_shard_size, save_model  # the exporter: only when exporting
+        from .model_io import parse_shard_size, save_model  # deferred: the exporter, when used
 
         parse_shard_size(
             max_shard_size

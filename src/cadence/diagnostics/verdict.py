@@ -47,8 +47,14 @@ def _is_stale(state: dict[str, Any], now: float, tick: float) -> bool:
     return now - state.get("beat", now) > max(STALE_AFTER, 5 * tick)
 
 
+# Where a rank's time in its collective goes in its details: ranks in the same collective at the
+# same place are one group however long each has waited (their times become a range).
+_WAITED = "<waited>"
+
+
 def _what(state: dict[str, Any] | None, now: float, tick: float) -> tuple[str, str]:
-    """(short description for the headline, details) of one rank."""
+    """(short description for the headline, details) of one rank; in the details of a rank in a
+    collective, `_WAITED` stands for how long it has waited (see `_waited`)."""
     if state is None:
         text = "has not reported (still starting, or it does not use Cadence)"
         return text, text
@@ -59,7 +65,7 @@ def _what(state: dict[str, Any] | None, now: float, tick: float) -> tuple[str, s
     if phase == "collective":
         short = f"in {state['op']} #{state['seq']} at {state['site']}"
         detail = f"{short} with {state['shapes']}" if state.get("shapes") else short
-        detail += f", for {now - state['since']:.1f} s"
+        detail += f", for {_WAITED} s"
     elif phase == "exited":
         short = detail = f"has exited (its script ended; {last})"
     elif phase == "failed":
@@ -87,11 +93,21 @@ def _grouped(
     for (short, detail), ranks in ordered:
         who = rank_list(ranks)
         verb = "wait" if len(ranks) > 1 else "waits"
+        detail = detail.replace(_WAITED, _waited([states[r] for r in ranks], now))
         headline.append(f"{who} {verb} {short}" if short.startswith("in ") else f"{who} {short}")
         details.append(
             f"  {who} {verb} {detail}" if detail.startswith("in ") else f"  {who} {detail}"
         )
     return "; ".join(headline), "\n".join(details)
+
+
+def _waited(states: list[dict[str, Any] | None], now: float) -> str:
+    """How long ranks in one collective have waited: '2.1', or '2.1-2.3' when they differ."""
+    times = sorted(f"{now - s['since']:.1f}" for s in states if s and "since" in s)
+    if not times:
+        return "?"
+    low, high = min(times, key=float), max(times, key=float)
+    return low if low == high else f"{low}-{high}"
 
 
 def _verdict(kind: str, title: str, advice: str, states, now, tick, culprits) -> Verdict:
