@@ -147,9 +147,7 @@ class Checkpointer:
             return
         if config.project_dir is None:
             return  # _resolve_save_dir says what is missing
-        from .writer_lock import (
-            claim_project_dir,
-        )  # deferred: a resume never imports the writing side
+        from .writer_lock import claim_project_dir  # deferred: not on the resume path
 
         claim_project_dir(
             config.project_dir,
