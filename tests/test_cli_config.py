@@ -235,6 +235,9 @@ def test_config_default_writes_default_location_once(tmp_path, cli_env):
         written["mixed_precision"] == "bf16" and written["compute_environment"] == "LOCAL_MACHINE"
     )
     cfg.config_from_dict(written)  # what it writes, it can read
+    # Accelerate writes JSON into default_config.yaml (sorted keys, 2 spaces): the same bytes here.
+    assert json.loads(path.read_text()) == written
+    assert path.read_text() == json.dumps(written, indent=2, sort_keys=True) + "\n"
     before = path.read_text()
     again = run_cli("config", "default", "--mixed_precision", "fp16", env=cli_env, cwd=tmp_path)
     assert again.returncode == 0 and "already exists" in again.stdout
@@ -256,3 +259,21 @@ def test_config_update_reports_bad_file(tmp_path, cli_env):
     path = write(tmp_path, textwrap.dedent("distributed_type: NO\nbogus_key: 1\n"), "bad.yaml")
     result = run_cli("config", "update", "--config_file", str(path), env=cli_env, cwd=tmp_path)
     assert result.returncode == 1 and "bogus_key" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config.json", "config"])
+def test_to_json_file_and_to_yaml_file_write_their_format_whatever_the_name(tmp_path, name):
+    # As Accelerate's: to_json_file writes JSON and to_yaml_file YAML, whatever the file is called.
+    config = cfg.config_from_dict(
+        {
+            "compute_environment": "LOCAL_MACHINE",
+            "distributed_type": "MULTI_CPU",
+            "num_processes": 2,
+        }
+    )
+    config.to_json_file(tmp_path / name)
+    as_json = json.loads((tmp_path / name).read_text())
+    assert as_json["num_processes"] == 2
+    config.to_yaml_file(tmp_path / name)
+    text = (tmp_path / name).read_text()
+    assert not text.lstrip().startswith("{") and yaml.safe_load(text) == as_json

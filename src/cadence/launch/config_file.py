@@ -113,11 +113,13 @@ class _BaseConfig:
             result[name] = value
         return result
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
+    def save(self, path: str | os.PathLike[str], as_json: bool | None = None) -> Path:
         """Write YAML, or JSON when the file name ends in `.json`; creates the parent folder.
 
         Args:
             path (str | os.PathLike[str]): The file to write.
+            as_json (bool | None): JSON (True) or YAML (False) whatever the name; None (default)
+                decides by the name.
 
         Returns:
             Path: The file written.
@@ -125,7 +127,7 @@ class _BaseConfig:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         content = self.to_dict()
-        if target.suffix == ".json":
+        if as_json or (as_json is None and target.suffix == ".json"):
             text = json.dumps(content, indent=2, sort_keys=True) + "\n"
         else:
             import yaml
@@ -139,17 +141,18 @@ class _BaseConfig:
         """Write the config to `yaml_file` (Accelerate's name for `save`).
 
         Args:
-            yaml_file (str | os.PathLike[str]): The file to write (as `save`).
+            yaml_file (str | os.PathLike[str]): The file to write, in YAML whatever its name.
         """
-        self.save(yaml_file)
+        self.save(yaml_file, as_json=False)
 
     def to_json_file(self, json_file: str | os.PathLike[str]) -> None:
         """Write the config to `json_file` (Accelerate's name for `save`).
 
         Args:
-            json_file (str | os.PathLike[str]): The file to write (as `save`, JSON when it ends in `.json`).
+            json_file (str | os.PathLike[str]): The file to write, in JSON whatever its name (as
+                Accelerate does).
         """
-        self.save(json_file)
+        self.save(json_file, as_json=True)
 
 
 @dataclass
@@ -549,4 +552,6 @@ def write_basic_config(
             "or pass a different location."
         )
         return False
-    return config.save(path)
+    # JSON whatever the name, as Accelerate writes it (`default_config.yaml` holds JSON, which a
+    # YAML reader reads too): the files the two write are the same bytes.
+    return config.save(path, as_json=True)
