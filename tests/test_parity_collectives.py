@@ -170,3 +170,33 @@ def test_gather_for_metrics_counts_each_sample_once_after_skip_first_batches(
             assert skipped == whole[skip:]
         flat = sum(skipped, [])
         assert len(flat) == len(set(flat)) == sum(len(b) for b in whole[skip:])
+
+
+def gather_batch_sampler_drop_last(shuffle: bool):
+    from torch.utils.data import (
+        BatchSampler,
+        DataLoader,
+        RandomSampler,
+        SequentialSampler,
+        TensorDataset,
+    )
+
+    from cadence import Accelerator
+
+    acc = Accelerator(cpu=True)
+    data = TensorDataset(torch.arange(13))
+    sampler = RandomSampler(data) if shuffle else SequentialSampler(data)
+    loader = acc.prepare(DataLoader(data, batch_sampler=BatchSampler(sampler, 3, drop_last=True)))
+    return [acc.gather_for_metrics(x).tolist() for (x,) in loader]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_gather_for_metrics_keeps_every_sample_of_a_batch_sampler_that_drops_the_last(
+    dist_pool, shuffle
+):
+    # 13 samples in batches of 3, the last incomplete one dropped: 4 batches, 2 a process, nothing
+    # repeated, so all 12 samples are gathered (Accelerate cuts the last global batch to 13 % 6 = 1).
+    for gathered in dist_pool(2).run(gather_batch_sampler_drop_last, shuffle):
+        assert [len(batch) for batch in gathered] == [6, 6]
+        flat = sum(gathered, [])
+        assert len(set(flat)) == 12 and set(flat) <= set(range(13))
