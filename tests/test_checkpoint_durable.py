@@ -265,3 +265,36 @@ def test_load_while_rotation_deletes_checkpoints_fails_only_with_checkpoint_erro
     assert not wrong, wrong
     assert all(str(e) for e in failures)
     assert loaded > 0
+
+
+def _as_accelerate_writes_it(folder: Path) -> Path:
+    """The folder Accelerate's save_state writes: the same files without Cadence's records (the
+    manifests and the per-rank dataloader positions)."""
+    for name in os.listdir(folder):
+        if name.startswith("cadence_") or name.startswith("dl_state_dict"):
+            os.remove(folder / name)
+    return folder
+
+
+@pytest.mark.parametrize("how", ["refused", "argument", "environment"])
+def test_a_checkpoint_accelerate_wrote_loads_only_when_asked_to(tmp_path, monkeypatch, how):
+    # Accelerate writes no manifest, so its checkpoints cannot be verified: refused by default (a
+    # Cadence folder without one is a torn or damaged one), loaded as they are when asked to.
+    folder = _as_accelerate_writes_it(_saved(tmp_path, 3.0, "from_accelerate"))
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(256, 256)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if how == "refused":
+        with pytest.raises(CheckpointError, match="allow_unverified=True") as raised:
+            accelerator.load_state(str(folder))
+        assert "CADENCE_LOAD_UNVERIFIED=1" in str(raised.value)
+        assert not (model.weight == 3.0).any()  # nothing applied
+        return
+    if how == "environment":
+        monkeypatch.setenv("CADENCE_LOAD_UNVERIFIED", "1")
+        accelerator.load_state(str(folder))
+    else:
+        accelerator.load_state(str(folder), allow_unverified=True)
+    assert (model.weight == 3.0).all() and (model.bias == 3.0).all()
+    assert all((s["exp_avg"] == 3.0).all() for s in optimizer.state.values())

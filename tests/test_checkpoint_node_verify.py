@@ -508,3 +508,37 @@ def test_piece_boundaries_on_any_number_of_ranks(dist_pool, tmp_path, world, siz
             assert "data.bin" in error[1] and "content changed since the save" in error[1]
         _flip_byte_at(folder / "data.bin", offset)  # back as saved
     assert all(e is None for _, e in dist_pool(world).run(verify_one_folder, str(folder), names))
+
+
+# ------------------------------------------------ a folder Accelerate wrote (no manifest to share)
+def load_unverified(folder):
+    """Load `folder` with allow_unverified: what this rank hashed, and whether its weights are the
+    saved ones."""
+    from cadence.checkpointing import hashed_bytes
+
+    acc, model = build()
+    saved = {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    before = hashed_bytes()
+    acc.load_state(folder, allow_unverified=True)
+    restored = acc.unwrap_model(model).state_dict()
+    return hashed_bytes() - before, all(torch.equal(saved[k], restored[k]) for k in saved)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_folder_without_manifest_loads_on_every_rank_when_asked_to(dist_pool, tmp_path, world):
+    # As Accelerate writes it (no Cadence records): nothing to verify or share, no collective to
+    # wait in; each rank reads its files and every rank ends with the saved weights.
+    folder = str(tmp_path / "ckpt")
+    dist_pool(world).run(save, folder)
+    for name in os.listdir(folder):
+        if name.startswith("cadence_") or name.startswith("dl_state_dict"):
+            os.remove(os.path.join(folder, name))
+    refused = dist_pool(world).run(load_refused, folder)
+    assert all(
+        error and "allow_unverified" in error[1] and untouched for error, untouched in refused
+    )
+    for hashed, same in dist_pool(world).run(load_unverified, folder):
+        assert same and hashed == 0

@@ -95,8 +95,10 @@ class CheckpointMethods:
             load_kwargs (dict | None): Options for reading the files. `{"weights_only": False}` allows files
                 that hold pickled Python objects, like `allow_pickle=True`.
             **kwargs: `allow_pickle=True` allows pickled files (refused by default: they can run code when
-                loaded); `strict=False` loads model weights that do not match exactly. `map_location` is
-                accepted and ignored (states are read to the CPU, then moved where their objects live).
+                loaded); `strict=False` loads model weights that do not match exactly;
+                `allow_unverified=True` (or `CADENCE_LOAD_UNVERIFIED=1`) loads a folder without Cadence's
+                manifest, such as a checkpoint Accelerate wrote, as it is, with a warning. `map_location`
+                is accepted and ignored (states are read to the CPU, then moved where their objects live).
 
         Raises:
             ValueError: No `input_dir` and automatic naming is off.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.prepared import PreparedObjects
+from ..core.settings import env_bool
 from ..diagnostics.stop_notice import say_resumed
 from ..options.dataclasses import ProjectConfiguration
 from ..runtime.collectives import gather_object
@@ -383,6 +384,10 @@ class Checkpointer:
         """Verify the whole checkpoint, check every state fits, then apply all of it or nothing."""
         self.wait_for_async_save()
         allow_pickle = bool(model_kwargs.pop("allow_pickle", False))
+        # A folder Accelerate wrote has no manifest: refused unless asked for (the error says how).
+        allow_unverified = bool(model_kwargs.pop("allow_unverified", False)) or env_bool(
+            "CADENCE_LOAD_UNVERIFIED"
+        )
         if (load_kwargs or {}).get("weights_only") is False:
             allow_pickle = True  # what the refusal message and the reference suggest
         model_kwargs.pop("map_location", None)  # states are read to CPU, then moved by their owners
@@ -415,7 +420,9 @@ class Checkpointer:
         # With several processes, those of a machine verify the files they share once, together
         # (node_verify), and all of them refuse a checkpoint any of them found damaged.
         agree = gather_object if self.num_processes > 1 else None
-        loaded = read_training_state(path, targets, allow_pickle=allow_pickle, agree=agree)
+        loaded = read_training_state(
+            path, targets, allow_pickle=allow_pickle, agree=agree, allow_unverified=allow_unverified
+        )
         saved_world = loaded.saved_world_size
         if strategy.saves_sharded_state and not getattr(strategy, "reshards_on_load", True):
             if saved_world is not None and saved_world != self.num_processes:

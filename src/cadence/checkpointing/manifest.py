@@ -335,7 +335,9 @@ def _read_one(directory: Path, member: str) -> Manifest:
         raise CheckpointIncompleteError(
             f"{directory} is not a complete checkpoint: it has no {MANIFEST_NAME}, which is "
             "written last when a save commits. The save that made it was interrupted, or the "
-            "folder was not written by Cadence's save_state. Load another checkpoint or save again.",
+            "folder was not written by Cadence's save_state. Load another checkpoint or save again; "
+            "a checkpoint Accelerate's save_state wrote loads without verification with "
+            "load_state(..., allow_unverified=True) or CADENCE_LOAD_UNVERIFIED=1.",
             path=directory,
             problems=[f"{MANIFEST_NAME}: missing"],
         ) from None

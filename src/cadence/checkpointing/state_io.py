@@ -119,25 +119,32 @@ def read_training_state(
     allow_pickle: bool = False,
     verify: str = "full",
     agree: Callable[[list], list] | None = None,
+    allow_unverified: bool = False,
 ) -> LoadedState:
     """Read every state `targets` need from the checkpoint at `path` (verified, nothing applied).
 
     agree: with several processes, the gather over the process group (every rank calls this
     together): the ranks of a machine then verify the files they share once, each its share
     (node_verify), and every rank raises when a file failed anywhere.
+    allow_unverified: a folder without Cadence's manifest (Accelerate's save_state wrote it) is
+    read as it is, with a warning, instead of refused; its files still load only as safely as
+    Cadence loads any (weights only, unless `allow_pickle`).
 
     Raises a CheckpointError subclass for a missing, damaged, hostile or unsafe file.
     """
     if agree is None:
-        with open_checkpoint(path, verify=verify) as reader:
+        with open_checkpoint(path, verify=verify, allow_unverified=allow_unverified) as reader:
             return _read_states(path, reader, targets, allow_pickle)
     reader: CheckpointReader | None = None
     try:
-        reader = open_checkpoint(path, verify=verify)
+        reader = open_checkpoint(path, verify=verify, allow_unverified=allow_unverified)
         names = files_to_read(reader, targets)
     except CheckpointError as failure:  # the others still wait for this rank's word
         verify_together(Path(path), None, targets.rank, agree, failure)
         raise
+    if reader.manifest is None:  # a folder Cadence did not write: no checksums to share
+        with reader:
+            return _read_states(path, reader, targets, allow_pickle)
     with reader:
         reader.verify_together(names, targets.rank, agree)
         loaded = _read_states(path, reader, targets, allow_pickle)
