@@ -5,6 +5,7 @@ processes, issue 46)."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import queue
@@ -37,8 +38,9 @@ def save(folder):
     return sorted(os.listdir(folder))
 
 
-def load_and_count(folder):
-    """Load `folder`; what this rank hashed and whether its weights are the saved ones."""
+def load_and_count(folder, **load_kwargs):
+    """Load `folder` (with `load_kwargs`); what this rank hashed and whether its weights are the
+    saved ones."""
     from cadence.checkpointing import hashed_bytes
 
     acc, model = build()
@@ -47,7 +49,7 @@ def load_and_count(folder):
         for p in model.parameters():
             p.zero_()
     before = hashed_bytes()
-    acc.load_state(folder)
+    acc.load_state(folder, **load_kwargs)
     restored = acc.unwrap_model(model).state_dict()
     return hashed_bytes() - before, all(torch.equal(saved[k], restored[k]) for k in saved)
 
@@ -511,22 +513,6 @@ def test_piece_boundaries_on_any_number_of_ranks(dist_pool, tmp_path, world, siz
 
 
 # ------------------------------------------------ a folder Accelerate wrote (no manifest to share)
-def load_unverified(folder):
-    """Load `folder` with allow_unverified: what this rank hashed, and whether its weights are the
-    saved ones."""
-    from cadence.checkpointing import hashed_bytes
-
-    acc, model = build()
-    saved = {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()}
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    before = hashed_bytes()
-    acc.load_state(folder, allow_unverified=True)
-    restored = acc.unwrap_model(model).state_dict()
-    return hashed_bytes() - before, all(torch.equal(saved[k], restored[k]) for k in saved)
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_folder_without_manifest_loads_on_every_rank_when_asked_to(dist_pool, tmp_path, world):
     # As Accelerate writes it (no Cadence records): nothing to verify or share, no collective to
@@ -540,5 +526,6 @@ def test_a_folder_without_manifest_loads_on_every_rank_when_asked_to(dist_pool, 
     assert all(
         error and "allow_unverified" in error[1] and untouched for error, untouched in refused
     )
-    for hashed, same in dist_pool(world).run(load_unverified, folder):
+    loaded = dist_pool(world).run(functools.partial(load_and_count, allow_unverified=True), folder)
+    for hashed, same in loaded:
         assert same and hashed == 0
