@@ -513,10 +513,28 @@ def test_piece_boundaries_on_any_number_of_ranks(dist_pool, tmp_path, world, siz
 
 
 # ------------------------------------------------ a folder Accelerate wrote (no manifest to share)
+def load_unverified_one_rank_missing(folder, missing_rank):
+    """Load `folder` with allow_unverified, except rank `missing_rank`, which is given a folder
+    that does not exist: the error of this rank, and whether its model is untouched."""
+    acc, model = build()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.5)
+    mine = folder + "_missing" if acc.process_index == missing_rank else folder
+    try:
+        acc.load_state(mine, allow_unverified=True)
+    except Exception as e:
+        error = (type(e).__name__, str(e))
+    else:
+        error = None
+    return error, all(bool((p == 0.5).all()) for p in model.parameters())
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_folder_without_manifest_loads_on_every_rank_when_asked_to(dist_pool, tmp_path, world):
-    # As Accelerate writes it (no Cadence records): nothing to verify or share, no collective to
-    # wait in; each rank reads its files and every rank ends with the saved weights.
+    # As Accelerate writes it (no Cadence records): nothing to verify, but the ranks still meet in
+    # the exchange, so a rank that cannot open its folder stops the others (none applies, none
+    # hangs); otherwise every rank reads its files and ends with the saved weights.
     folder = str(tmp_path / "ckpt")
     dist_pool(world).run(save, folder)
     for name in os.listdir(folder):
@@ -526,6 +544,16 @@ def test_a_folder_without_manifest_loads_on_every_rank_when_asked_to(dist_pool, 
     assert all(
         error and "allow_unverified" in error[1] and untouched for error, untouched in refused
     )
+    missing_rank = world - 1 if world == 2 else 0
+    failed = dist_pool(world).run(load_unverified_one_rank_missing, folder, missing_rank)
+    for rank, (error, untouched) in enumerate(failed):
+        assert untouched, rank
+        if rank == missing_rank:
+            assert error and error[0] == "CheckpointIncompleteError" and "Tried to find" in error[1]
+        else:  # told by the exchange which rank could not load what
+            assert error and error[0] == "CheckpointError", (rank, error)
+            assert "_missing but folder does not exist" in error[1]
+            assert "Nothing of it was applied" in error[1]
     loaded = dist_pool(world).run(functools.partial(load_and_count, allow_unverified=True), folder)
     for hashed, same in loaded:
         assert same and hashed == 0

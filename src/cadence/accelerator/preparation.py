@@ -164,6 +164,11 @@ class Preparer:
         self.dynamo_plugin = dynamo_plugin
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
 
+    def use_dataloader_config(self, config: DataLoaderConfiguration) -> None:
+        """Shard the dataloaders prepared from now on as `config` says (the Accelerator's
+        `dataloader_config` was replaced)."""
+        self.dataloader_config = config
+
     @property
     def _device(self) -> torch.device:
         return self.strategy.context.device

@@ -123,8 +123,8 @@ class StateAttributes:
         """Use `value` for the dataloaders prepared from now on."""
         self._dataloader_config = value
         preparer = self.__dict__.get("_preparer")
-        if preparer is not None:  # the preparer reads it at each prepare
-            preparer.dataloader_config = value
+        if preparer is not None:  # none yet while the Accelerator is being built
+            preparer.use_dataloader_config(value)
 
     @property
     def even_batches(self) -> bool:

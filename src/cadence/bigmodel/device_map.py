@@ -596,10 +596,11 @@ def validate_device_map(
             f"device_map uses device(s) that do not exist on this machine ({', '.join(missing)}); "
             f"available: 'cpu', 'disk' and {gpus}. Change the map or build it with infer_auto_device_map."
         )
-    uncovered = uncovered_tensors(model, device_map) if loading else []
+    uncovered = uncovered_tensors(model, device_map)
     if uncovered:
+        # check_device_map's words; loading also leads with Accelerate's load_checkpoint_in_model's.
+        first = f"{uncovered[0]} doesn't have any device set. " if loading else ""
         raise ValueError(
-            f"{uncovered[0]} doesn't have any device set. The device_map provided does not give any "
-            f"device for the following parameters: {', '.join(uncovered)}"
+            f"{first}The device_map provided does not give any device for the following "
+            f"parameters: {', '.join(uncovered)}"
         )
-    check_device_map(model, device_map)

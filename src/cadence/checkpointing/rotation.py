@@ -180,17 +180,3 @@ def cleanup_checkpoints_dir(directory: str | os.PathLike) -> list[Path]:
     """Remove leftovers of killed saves and deletions (hidden `.checkpoint_<i>.tmp-*` folders)."""
     fence(directory, "delete")  # a newer generation's folders in progress look like leftovers
     return cleanup_stale_siblings(directory)
-
-
-__all__ = [
-    "CHECKPOINTS_DIRNAME",
-    "CheckpointEntry",
-    "automatic_checkpoint_dir",
-    "checkpoint_index",
-    "checkpoints_dir",
-    "cleanup_checkpoints_dir",
-    "latest_checkpoint",
-    "list_checkpoints",
-    "next_iteration",
-    "prune_checkpoints",
-]

@@ -142,8 +142,10 @@ def read_training_state(
     except CheckpointError as failure:  # the others still wait for this rank's word
         verify_together(Path(path), None, targets.rank, agree, failure)
         raise
-    if reader.manifest is None:  # a folder Cadence did not write: no checksums to share
+    if reader.manifest is None:  # a folder Cadence did not write: no checksums to share, but
+        # the same exchange, so a rank that could not open its folder stops the others here
         with reader:
+            verify_together(Path(path), {}, targets.rank, agree)
             return _read_states(path, reader, targets, allow_pickle)
     with reader:
         reader.verify_together(names, targets.rank, agree)

@@ -103,10 +103,10 @@ def _grouped(
 
 def _waited(states: list[dict[str, Any] | None], now: float) -> str:
     """How long ranks in one collective have waited: '2.1', or '2.1-2.3' when they differ."""
-    times = sorted(f"{now - s['since']:.1f}" for s in states if s and "since" in s)
-    if not times:
+    waits = [now - s["since"] for s in states if s and "since" in s]
+    if not waits:
         return "?"
-    low, high = min(times, key=float), max(times, key=float)
+    low, high = f"{min(waits):.1f}", f"{max(waits):.1f}"
     return low if low == high else f"{low}-{high}"
 
 
